@@ -1,0 +1,6 @@
+# Bring your own CUDA torch: the base image provides it; the project's torch range keeps it.
+FROM pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime
+WORKDIR /app
+COPY . /app
+RUN pip install --no-cache-dir -e .
+ENV FTUNE_DATA_DIR=/data FTUNE_MODELS_DIR=/models

@@ -1,0 +1,36 @@
+# Two commands: `make up` runs the whole service, `make test` runs the whole suite.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install up test lint bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@# A CUDA torch you installed yourself is kept; otherwise take the CPU build 2.13.0 first,
+	@# so the project's torch range installs nothing more.
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+up: install
+	$(VENV)/bin/ftune up
+
+test: install
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: install
+	$(PY) bench/planner_accuracy.py
+	$(PY) bench/data_throughput.py
+	$(PY) bench/train_throughput.py
+
+clean:
+	rm -rf var test-artifacts .pytest_cache

@@ -1,0 +1,1 @@
+"""HTTP API (FastAPI). Routes translate HTTP into calls on core/ and models/; nothing more."""

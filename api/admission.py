@@ -1,0 +1,78 @@
+"""Admission of a job spec: references exist, the method is runnable here, and it fits the fleet."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from api.deps import Services
+from core.arch import load_architecture
+from core.errors import InvalidInput, NotFound, Unsupported
+from core.feasibility import plan_for_fleet, plan_on, require_fits, tokens_per_epoch
+from core.gpus import resolve_gpu
+from core.planner import Plan
+from core.spec import JobSpec
+from models import datasets as datasets_db
+from models import workers as workers_db
+from models.tables import Dataset
+
+log = logging.getLogger(__name__)
+
+
+def check_dataset(session: Session, dataset_id: str, tenant_id: str) -> Dataset:
+    """The caller's own valid dataset (even an admin trains only on its own tenant's data)."""
+    ds = datasets_db.get_dataset(session, dataset_id, tenant_id)
+    if ds is None:
+        raise InvalidInput(
+            f"dataset {dataset_id!r} does not exist; upload one with POST /datasets",
+            code="dataset_not_found",
+            param="dataset_id",
+        )
+    if ds.status != "valid":
+        raise InvalidInput(
+            f"dataset {dataset_id!r} is invalid and cannot be trained on; see GET /datasets/{ds.id}",
+            code="dataset_invalid",
+            param="dataset_id",
+        )
+    return ds
+
+
+def make_plan(
+    session: Session, services: Services, spec: JobSpec, gpu: str | None, tenant_id: str
+) -> Plan | None:
+    """Plan on a named GPU, else on the fleet, else on settings.plan_gpu; else None."""
+    try:
+        model = services.catalog.get(spec.base_model)
+    except NotFound as e:
+        raise InvalidInput(e.message, code="model_not_found", param="base_model") from e
+    arch = load_architecture(model.path)
+    ds = datasets_db.get_dataset(session, spec.dataset_id, tenant_id)
+    report: dict[str, Any] = ds.report if ds is not None else {}
+    tokens = tokens_per_epoch(report, spec.max_seq_len)
+    if gpu:
+        return plan_on(spec, arch, resolve_gpu(gpu), tokens)
+    fleet = [w.devices for w in workers_db.fleet(session)]
+    if fleet:
+        return plan_for_fleet(spec, arch, fleet, tokens)
+    if services.settings.plan_gpu:
+        return plan_on(spec, arch, resolve_gpu(services.settings.plan_gpu), tokens)
+    return None
+
+
+def admit(session: Session, services: Services, spec: JobSpec, tenant_id: str) -> Plan | None:
+    """Raise a clear error for a job that cannot run; return the plan it was admitted on."""
+    check_dataset(session, spec.dataset_id, tenant_id)
+    plan = make_plan(session, services, spec, None, tenant_id)
+    if spec.method == "full":
+        raise Unsupported(
+            "method 'full' can be planned (POST /plan) but this service trains LoRA and QLoRA adapters only",
+            param="method",
+        )
+    if spec.num_gpus > 1:
+        raise Unsupported("multi-GPU (FSDP) jobs are not enabled on this deployment yet", param="num_gpus")
+    if plan is None:
+        log.warning("no worker has registered its devices and FTUNE_PLAN_GPU is unset: admitting unplanned")
+        return None
+    return require_fits(plan)

@@ -1,0 +1,45 @@
+"""Dependencies as Annotated aliases. Everything a route needs comes from app.state.services."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.ratelimit import RateLimiter
+from core.catalog import Catalog
+from core.settings import Settings
+from core.storage import Storage
+from models.tenants import Principal
+
+
+@dataclass
+class Services:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    storage: Storage
+    catalog: Catalog
+    enqueue: Callable[[str], bool]
+    broker_ping: Callable[[], bool]
+    rate_limiter: RateLimiter
+    local_principal: Principal | None  # set when auth is off
+
+
+def get_services(request: Request) -> Services:
+    return request.app.state.services  # type: ignore[no-any-return]
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def get_session(services: ServicesDep) -> Iterator[Session]:
+    with services.sessions() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]

@@ -1,0 +1,93 @@
+"""The one error shape: {"error": {"code", "message", "param", "details"}}, with the right status."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from core import errors
+
+log = logging.getLogger(__name__)
+
+STATUS = {
+    errors.NotFound: 404,
+    errors.InvalidInput: 422,
+    errors.Conflict: 409,
+    errors.Infeasible: 422,
+    errors.Unsupported: 422,
+    errors.PayloadTooLarge: 413,
+    errors.Unavailable: 503,
+    errors.Unauthorized: 401,
+    errors.Forbidden: 403,
+    errors.RateLimited: 429,
+    errors.RequestTimeout: 408,
+}
+HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def error_body(code: str, message: str, param: str | None = None, details: Any = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "param": param, "details": details}}
+
+
+def _status(exc: errors.FtuneError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 400
+
+
+def _param(loc: tuple[Any, ...]) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or None
+
+
+def _describe(err: dict[str, Any]) -> dict[str, Any]:
+    param = _param(tuple(err.get("loc", ())))
+    if err.get("type") == "extra_forbidden":
+        message = f"unknown field {param!r}"
+    else:
+        message = f"{param}: {err.get('msg')}" if param else str(err.get("msg"))
+    return {"param": param, "message": message, "type": err.get("type")}
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(errors.FtuneError)
+    async def _domain(_: Request, exc: errors.FtuneError) -> JSONResponse:
+        headers = {}
+        if isinstance(exc, errors.RateLimited):
+            headers["Retry-After"] = str(exc.retry_after)
+        if isinstance(exc, errors.Unauthorized):
+            headers["WWW-Authenticate"] = "Bearer"
+        body = error_body(exc.code, exc.message, exc.param, exc.details)
+        return JSONResponse(body, _status(exc), headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [_describe(e) for e in exc.errors()]
+        first = problems[0] if problems else {"param": None, "message": "invalid request"}
+        code = "invalid_json" if any(p["type"] == "json_invalid" for p in problems) else "invalid_request"
+        message = first["message"] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+        return JSONResponse(error_body(code, message, first["param"], problems), 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+        return JSONResponse(error_body(code, str(exc.detail)), exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Never leak stack traces or paths; the log has them.
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse(error_body("internal_error", "internal server error"), 500)

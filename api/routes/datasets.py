@@ -1,0 +1,175 @@
+"""Datasets: streaming JSONL upload with validation, listing, details."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+
+from api.auth import PrincipalDep, scope
+from api.deps import Services, ServicesDep, SessionDep
+from api.errors import error_body
+from api.idempotency import IdempotencyKeyHeader, body_hash, check_replay_body, replayed
+from api.schemas import DatasetOut, Page, dataset_out
+from api.upload import FileSink, parse_column_mapping, receive
+from core.data import DatasetValidator
+from core.errors import NotFound, PayloadTooLarge
+from core.storage import new_id
+from models import datasets as datasets_db
+from models import idempotency as idem
+from models import tenants as tenants_db
+from models.db import session_scope
+from models.tenants import Principal
+
+router = APIRouter(prefix="/datasets", tags=["datasets"])
+SCOPE = "POST /datasets"
+
+UPLOAD_DOC = {
+    "requestBody": {
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "column_mapping": {
+                            "type": "string",
+                            "description": 'JSON, e.g. {"question": "prompt"}',
+                        },
+                    },
+                    "required": ["file"],
+                }
+            },
+            "application/x-ndjson": {"schema": {"type": "string", "format": "binary"}},
+        },
+        "required": True,
+    }
+}
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=DatasetOut,
+    openapi_extra=UPLOAD_DOC,
+    responses={413: {"description": "Upload over the size limit"}, 422: {"description": "Invalid dataset"}},
+)
+async def upload_dataset(
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> JSONResponse:
+    """Upload a JSONL dataset: `curl -F file=@data.jsonl http://127.0.0.1:8000/datasets`.
+
+    The file is validated line by line as it streams in. A file with problems is stored with status
+    `invalid` (so its report can be fetched) and answered with 422 listing the problems by line.
+    """
+    key = idempotency_key
+    scope_key = f"{principal.tenant_id} {SCOPE}"
+    replay = idem.claim(services.sessions, scope_key, key, None) if key else None
+    owns_key = key is not None and replay is None
+    tmp = services.storage.temp_file()
+    try:
+        filename, report = await _receive_and_validate(request, services, tmp, _room(services, principal))
+        request_hash = body_hash(
+            {k: report[k] for k in ("sha256", "column_mapping")} | {"filename": filename}
+        )
+        if key and replay:
+            check_replay_body(services, scope_key, key, request_hash)
+            return replayed(*replay)
+        response = _store(services, principal, tmp, filename, report)
+    except BaseException:
+        if owns_key:
+            idem.release(services.sessions, scope_key, key)  # type: ignore[arg-type]
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)
+    if owns_key:
+        body = json.loads(response.body)
+        idem.finish(services.sessions, scope_key, key, request_hash, response.status_code, body)  # type: ignore[arg-type]
+    return response
+
+
+def _room(services: Services, principal: Principal) -> int:
+    """Bytes this upload may use: the upload limit, or less when the tenant's storage quota is nearly full."""
+    settings = services.settings
+    with services.sessions() as s:
+        used = tenants_db.stored_bytes(s, principal.tenant_id)
+    left = settings.max_stored_bytes_per_tenant - used
+    if left <= 0:
+        raise PayloadTooLarge(
+            f"the storage quota of {settings.max_stored_bytes_per_tenant} bytes is used up",
+            code="storage_quota_exceeded",
+            param="file",
+        )
+    return min(settings.max_upload_bytes, left)
+
+
+async def _receive_and_validate(
+    request: Request, services: Services, tmp: Path, max_bytes: int
+) -> tuple[str, dict[str, Any]]:
+    settings = services.settings
+    mapping = parse_column_mapping(request.query_params.get("column_mapping"))
+    limits = dict(
+        max_line_bytes=settings.max_line_bytes,
+        min_examples=settings.min_examples,
+        max_problems=settings.max_reported_problems,
+    )
+    validator = DatasetValidator(**limits, column_mapping=mapping)
+    sink = FileSink(tmp, validator.feed, max_bytes)
+    try:
+        upload = await receive(request, sink, settings.upload_idle_timeout_seconds)
+    finally:
+        sink.close()
+    if mapping is None and "column_mapping" in upload.fields:
+        # A mapping sent as a form field is known only once the form is parsed: validate again from disk.
+        mapping = parse_column_mapping(upload.fields["column_mapping"])
+        validator = DatasetValidator(**limits, column_mapping=mapping)
+        with tmp.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                validator.feed(chunk)
+    report = validator.finish().model_dump(mode="json")
+    report["column_mapping"] = mapping
+    return upload.filename, report
+
+
+def _store(
+    services: Services, principal: Principal, tmp: Path, filename: str, report: dict[str, Any]
+) -> JSONResponse:
+    dataset_id = new_id()
+    os.replace(tmp, services.storage.dataset_path(dataset_id))
+    with session_scope(services.sessions) as s:
+        ds = dataset_out(datasets_db.create_dataset(s, principal.tenant_id, dataset_id, filename, report))
+    body = ds.model_dump(mode="json")
+    if report["valid"]:
+        return JSONResponse(body, 201, headers={"Location": f"/datasets/{dataset_id}"})
+    first = report["problems"][0] if report["problems"] else None
+    where = first["message"] if first else "the file has problems"
+    message = f"dataset {dataset_id} is invalid ({where}); it is stored with status 'invalid'"
+    return JSONResponse(error_body("invalid_dataset", message, "file", body), 422)
+
+
+@router.get("", response_model=Page[DatasetOut])
+def list_datasets(
+    session: SessionDep,
+    principal: PrincipalDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    after: Annotated[str | None, Query(max_length=200)] = None,
+) -> Page[DatasetOut]:
+    rows, cursor = datasets_db.list_datasets(session, limit, after, scope(principal))
+    return Page[DatasetOut](
+        data=[dataset_out(d) for d in rows], has_more=cursor is not None, next_cursor=cursor
+    )
+
+
+@router.get("/{dataset_id}", response_model=DatasetOut)
+def get_dataset(dataset_id: str, session: SessionDep, principal: PrincipalDep) -> DatasetOut:
+    ds = datasets_db.get_dataset(session, dataset_id, scope(principal))
+    if ds is None:
+        raise NotFound(f"dataset {dataset_id!r} not found", code="dataset_not_found", param="dataset_id")
+    return dataset_out(ds)

@@ -1,0 +1,169 @@
+"""Jobs: submit (validated and planned before it is queued), inspect, cancel, events, adapter download."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import FileResponse, JSONResponse
+
+from api.admission import admit
+from api.auth import PrincipalDep, scope
+from api.deps import Services, ServicesDep, SessionDep
+from api.idempotency import IdempotencyKeyHeader, body_hash, run_once
+from api.schemas import ArtifactOut, EventOut, EventPage, JobOut, Page, artifact_out, event_out, job_out
+from core.errors import Conflict, NotFound, RateLimited
+from core.spec import JobSpec
+from core.states import JobStatus
+from core.storage import new_id
+from models import jobs as jobs_db
+from models import tenants as tenants_db
+from models.db import session_scope
+from models.tables import Job
+from models.tenants import Principal
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+def _get(session: Any, job_id: str, principal: Principal) -> Job:
+    """The job if the caller may see it; another tenant's job is 404, exactly like a missing one."""
+    job = jobs_db.get_job(session, job_id, scope(principal))
+    if job is None:
+        raise NotFound(f"job {job_id!r} not found", code="job_not_found", param="job_id")
+    return job
+
+
+@router.post("", status_code=202, response_model=JobOut)
+def create_job(
+    spec: JobSpec,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> JSONResponse:
+    """Validate the spec, check it fits, store the job, then wake a worker (after the commit)."""
+    body = spec.model_dump(mode="json")
+    scope_key = f"{principal.tenant_id} POST /jobs"
+    return run_once(
+        services, scope_key, idempotency_key, body_hash(body), lambda: _create_job(spec, services, principal)
+    )
+
+
+def _create_job(spec: JobSpec, services: Services, principal: Principal) -> JSONResponse:
+    job_id = new_id()
+    settings = services.settings
+    with session_scope(services.sessions) as s:
+        if tenants_db.active_jobs(s, principal.tenant_id) >= settings.max_active_jobs_per_tenant:
+            raise RateLimited(
+                f"at most {settings.max_active_jobs_per_tenant} queued or running jobs per tenant",
+                retry_after=60,
+                code="too_many_jobs",
+            )
+        plan = admit(s, services, spec, principal.tenant_id)
+        predicted = plan.allocated_bytes if plan else None
+        jobs_db.create_job(s, principal.tenant_id, job_id, spec, predicted, settings.max_attempts)
+        jobs_db.mark_enqueued(s, job_id)
+    services.enqueue(job_id)  # if the broker is down the reaper re-sends it; the job is safe in the DB
+    with services.sessions() as s:
+        out = job_out(_get(s, job_id, principal))
+    return JSONResponse(out.model_dump(mode="json"), 202, headers={"Location": f"/jobs/{job_id}"})
+
+
+@router.get("", response_model=Page[JobOut])
+def list_jobs(
+    session: SessionDep,
+    principal: PrincipalDep,
+    status: JobStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    after: Annotated[str | None, Query(max_length=200)] = None,
+) -> Page[JobOut]:
+    rows, cursor = jobs_db.list_jobs(session, limit, after, status, scope(principal))
+    return Page[JobOut](data=[job_out(j) for j in rows], has_more=cursor is not None, next_cursor=cursor)
+
+
+@router.get("/{job_id}", response_model=JobOut)
+def get_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> JobOut:
+    return job_out(_get(session, job_id, principal))
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobOut)
+def cancel_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> JobOut:
+    """Cancel: a queued job at once; a running one stops after its current step and saves a checkpoint."""
+    with session_scope(services.sessions) as s:
+        outcome = jobs_db.request_cancel(s, _get(s, job_id, principal))
+    with services.sessions() as s:
+        job = _get(s, job_id, principal)
+        if outcome == "finished":
+            raise Conflict(f"job {job_id} already {job.status}", code="job_finished", param="job_id")
+        return job_out(job)
+
+
+@router.get("/{job_id}/events", response_model=EventPage)
+def list_events(
+    job_id: str,
+    session: SessionDep,
+    principal: PrincipalDep,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> EventPage:
+    _get(session, job_id, principal)
+    rows, has_more = jobs_db.list_events(session, job_id, after, limit)
+    data: list[EventOut] = [event_out(e) for e in rows]
+    return EventPage(data=data, has_more=has_more, next_after=data[-1].id if data else None)
+
+
+@router.get("/{job_id}/metrics")
+def get_metrics(
+    job_id: str,
+    session: SessionDep,
+    principal: PrincipalDep,
+    services: ServicesDep,
+    after_step: Annotated[int, Query(ge=0)] = 0,
+) -> dict[str, Any]:
+    """The per-step training records (loss, lr, grad_norm, tokens/s, ...) for curves."""
+    _get(session, job_id, principal)
+    steps: list[dict[str, Any]] = []
+    path = services.storage.metrics_path(job_id)
+    if path.is_file():
+        with path.open("rb") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and rec.get("type") == "step" and rec.get("step", 0) > after_step:
+                    steps.append(rec)
+    # After a resume the same step can appear twice; the later record wins.
+    by_step = {r["step"]: r for r in steps}
+    return {"data": [by_step[k] for k in sorted(by_step)]}
+
+
+@router.get("/{job_id}/artifacts", response_model=list[ArtifactOut])
+def list_artifacts(job_id: str, session: SessionDep, principal: PrincipalDep) -> list[ArtifactOut]:
+    return [artifact_out(a) for a in _get(session, job_id, principal).artifacts]
+
+
+@router.get(
+    "/{job_id}/adapter",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/gzip": {}}, "description": "adapter .tar.gz"}},
+)
+def download_adapter(
+    job_id: str, session: SessionDep, services: ServicesDep, principal: PrincipalDep
+) -> FileResponse:
+    """The trained adapter as .tar.gz: adapter_config.json, adapter_model.safetensors, README.md."""
+    job = _get(session, job_id, principal)
+    art = jobs_db.find_artifact(session, job_id, "adapter")
+    if job.status != JobStatus.SUCCEEDED or art is None:
+        raise Conflict(
+            f"job {job_id} is {job.status}; the adapter is available once it has succeeded",
+            code="adapter_not_ready",
+            param="job_id",
+        )
+    path = services.storage.adapter_archive(job_id)
+    return FileResponse(
+        path,
+        media_type="application/gzip",
+        filename=f"ftune-adapter-{job_id}.tar.gz",
+        headers={"X-Checksum-Sha256": art.sha256},
+    )

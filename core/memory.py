@@ -1,0 +1,120 @@
+"""Byte formulas the planner adds up: weight storage formats and what a decoder block saves for backward.
+
+Pure functions of shapes, no policy. Every formula states where it comes from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.arch import Architecture, LinearModule
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+# bitsandbytes 4-bit (NF4/FP4): two 4-bit codes per uint8; one absmax per block of 64 values.
+NF4_BLOCK = 64
+# double quant ("compress_statistics"): absmaxes - their mean quantized to uint8 blockwise (256),
+# with an fp32 absmax per 256-block and one fp32 offset (the mean).
+NF4_NESTED_BLOCK = 256
+NF4_CODE_BYTES = 16 * 4  # the 16-entry fp32 code table every quantized tensor carries
+# bitsandbytes 8-bit optimizers: uint8 states, one fp32 absmax per block of 256 per state.
+OPT8_BLOCK = 256
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def nf4_bytes(numel: int, double_quant: bool = True, blocksize: int = NF4_BLOCK) -> int:
+    """Bytes of one bitsandbytes 4-bit tensor: packed codes + quantization constants (+ the code table)."""
+    blocks = _ceil_div(numel, blocksize)
+    packed = _ceil_div(numel, 2)
+    # double quant: uint8 absmax + fp32 scale per 256 of them + fp32 offset; otherwise fp32 absmax
+    nested = blocks + _ceil_div(blocks, NF4_NESTED_BLOCK) * 4 + 4
+    return packed + (nested if double_quant else blocks * 4) + NF4_CODE_BYTES
+
+
+def int8_bytes(rows: int, cols: int) -> int:
+    """LLM.int8 (bitsandbytes Linear8bitLt): int8 weight + one fp32 scale per output row (SCB)."""
+    return rows * cols + rows * 4
+
+
+def adam8bit_state_bytes(numel: int) -> int:
+    """bitsandbytes blockwise 8-bit Adam: m and v as uint8 + an fp32 absmax per 256-block each."""
+    return 2 * (numel + _ceil_div(numel, OPT8_BLOCK) * 4)
+
+
+@dataclass(frozen=True)
+class ActivationSetup:
+    """What decides the tensors a block saves: compute precision, method, LoRA wrap, attention kernel."""
+
+    compute_bytes: int  # 2 under bf16/fp16 autocast, 4 in plain fp32
+    autocast: bool  # LoRA's fp32 adapters then run in the compute dtype (inputs cast and saved)
+    full: bool  # every weight trainable: linear inputs and norm outputs saved for weight grads
+    lora: tuple[tuple[LinearModule, int], ...]  # wrapped block linears and in how many layers
+    lora_r: int
+    lora_dropout: bool
+    attn: str  # sdpa | eager | flash_attention_2
+    kv_repeated: bool  # k/v expanded to all query heads before attention (repeat_kv)
+    seq_len: int
+
+
+def layer_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> tuple[float, list[str]]:
+    """Bytes one decoder block keeps for backward per token, averaged over layers, and its parts.
+
+    Derived from a Llama block (and checked on CPU with saved-tensor hooks):
+      - each RMSNorm/LayerNorm keeps its fp32 upcast input (4 B x hidden); full FT also its output
+      - a frozen base linear keeps nothing (autograd saves an input only for a weight gradient);
+        a LoRA-wrapped one keeps the dropout mask (1 B, CUDA bool) and the input cast to the compute
+        dtype for lora_A (or, without dropout, just that cast), plus lora_A's r outputs
+      - SDPA/flash keep q, k, v, the output and a fp32 logsumexp per head; eager keeps q, k, v
+        (k, v repeated to all heads), the fp32 softmax and its compute-dtype copy: (4 + 2) x heads x seq
+      - a gated MLP keeps gate (act input), act output and up (the product's operands): 3 x inter;
+        a plain MLP keeps the activation's input (python GELUs like gelu_new keep 4 tensors)
+      - full FT: the input of each distinct linear input group (q/k/v share one, gate/up share one)
+    """
+    e, h = s.compute_bytes, arch.hidden_size
+    q_dim, kv_dim = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+    parts: dict[str, float] = {}
+    parts["norm inputs (fp32)"] = 4 * h * arch.norms_per_layer
+    if arch.qk_norm:
+        parts["q/k norm inputs (fp32)"] = 4 * (q_dim + kv_dim)
+    if s.full:
+        parts["norm outputs"] = e * h * arch.norms_per_layer
+    kv = q_dim if (s.kv_repeated or s.attn == "eager") else kv_dim
+    if s.attn == "eager":
+        parts["q, k, v"] = e * (q_dim + 2 * kv)
+        parts["attention probs (fp32 + copy)"] = (4 + e) * arch.num_heads * s.seq_len
+    else:
+        parts["q, k, v, attention out"] = e * (2 * q_dim + 2 * kv) + 4 * arch.num_heads
+    inter = arch.intermediate_size
+    if arch.gated_mlp:
+        parts["gate, act, up"] = 3 * e * inter
+    else:
+        parts["activation input"] = (4 if arch.hidden_act in ("gelu_new", "gelu_fast") else 1) * e * inter
+    if s.full:
+        groups = {m.group: m.in_features for m in arch.block_linears}
+        if s.attn != "eager":
+            groups.pop("attn_out", None)  # the attention output is already kept by SDPA/flash
+        parts["linear inputs"] = e * sum(groups.values())
+    elif s.lora:
+        lora_e = e if s.autocast else 4
+        per_in = lora_e + (1 if s.lora_dropout else 0)
+        total = 0.0
+        for m, layers in s.lora:
+            if m.name in {b.name for b in arch.block_linears}:
+                total += (per_in * m.in_features + lora_e * s.lora_r) * layers / arch.num_layers
+        parts["LoRA inputs (dropout mask + cast), A outputs"] = total
+    return sum(parts.values()), [f"{k} {v:,.0f}" for k, v in parts.items() if v]
+
+
+def backward_working_bytes_per_token(arch: Architecture, compute_bytes: int) -> int:
+    """Gradients in flight through one block: residual-stream grad in and out, MLP intermediate grads."""
+    return compute_bytes * (2 * arch.hidden_size + 2 * arch.intermediate_size)
+
+
+def logits_bytes_per_token(arch: Architecture, compute_bytes: int) -> int:
+    """transformers' causal-LM loss: logits (compute dtype, held by the output) -> .float() ->
+    cross_entropy, whose log_softmax keeps its fp32 output; backward starts with two fp32 vocab-size
+    gradients (d log-probs, d logits) alive at once. Peak: e + 4 + 4 + 4 bytes per vocab entry."""
+    return arch.vocab_size * (compute_bytes + 12)

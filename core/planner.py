@@ -1,0 +1,385 @@
+"""Memory-feasibility planner: estimate(spec, arch, gpu) -> Plan (per-GPU breakdown, verdict, suggestions).
+
+Model of the peak (per GPU), each piece a named Term with its assumption in `note`:
+  persistent   base weights (+ NF4 constants), LoRA adapters, gradients, optimizer states, master weights
+  fwd/bwd      activations saved for backward, logits + loss, backward buffers, QLoRA dequant buffer,
+               autocast copies, FSDP all-gathered units
+  step         paged optimizer states (paged in), foreach-AdamW temporaries, grad-norm buffers
+  peak = persistent + max(fwd/bwd, step) + CUDA context + fragmentation margin
+The phase that is not the peak is listed with 0 bytes and its size in the note, so terms sum to total.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from core.arch import Architecture
+from core.gpus import Gpu, MiB
+from core.memory import (
+    DTYPE_BYTES,
+    ActivationSetup,
+    adam8bit_state_bytes,
+    backward_working_bytes_per_token,
+    layer_saved_bytes_per_token,
+    logits_bytes_per_token,
+    nf4_bytes,
+)
+from core.spec import JobSpec
+
+CUDA_CONTEXT_BYTES = 500 * MiB  # CUDA context + cuBLAS workspace, outside torch's allocator
+NCCL_BYTES = 300 * MiB  # NCCL communicator buffers when num_gpus > 1
+FRAGMENTATION = 0.08  # caching-allocator margin over the bytes in use (reserved vs allocated)
+MFU = {"full": 0.40, "lora": 0.40, "qlora": 0.28}  # assumed model-FLOPs utilisation
+GiB = 2**30
+
+
+class Term(BaseModel):
+    name: str
+    bytes: int
+    note: str
+
+
+class Suggestion(BaseModel):
+    change: dict[str, Any]
+    description: str
+    plan_total_bytes: int
+    fits: bool
+
+
+class Plan(BaseModel):
+    gpu: str
+    num_gpus: int
+    method: str
+    total_params: int
+    trainable_params: int
+    breakdown: list[Term]
+    allocated_bytes: int  # total minus CUDA context and fragmentation: compare with max_memory_allocated
+    total_bytes: int
+    usable_bytes: int
+    fits: bool
+    headroom_bytes: int
+    est_seconds_per_epoch: float | None = None
+    speed_note: str | None = None
+    suggestions: list[Suggestion] = []
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def compute_dtype(spec: JobSpec, arch: Architecture, gpu: Gpu) -> str:
+    """mixed_precision auto: bf16 autocast, fp16 on GPUs without bf16; "no": the storage dtype."""
+    mp = spec.mixed_precision
+    if mp == "auto":
+        return "bfloat16" if gpu.bf16_supported else "float16"
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(mp, storage_dtype(spec, arch))
+
+
+def storage_dtype(spec: JobSpec, arch: Architecture | None) -> str:
+    """torch_dtype "auto" loads what config.json says (transformers' rule), float32 when it says nothing."""
+    if spec.torch_dtype != "auto":
+        return spec.torch_dtype
+    return (arch.config_dtype if arch else None) or "float32"
+
+
+def estimate(
+    spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int | None = None, *, suggest: bool = True
+) -> Plan:
+    plan = _estimate(spec, arch, gpu, tokens_per_epoch)
+    if suggest and not plan.fits:
+        from core.suggest import suggestions
+
+        plan = plan.model_copy(update={"suggestions": suggestions(spec, arch, gpu)})
+    return plan
+
+
+def _estimate(spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int | None) -> Plan:
+    n = spec.num_gpus
+    method = spec.method
+    store = storage_dtype(spec, arch)
+    sb = DTYPE_BYTES[store]
+    cdt = compute_dtype(spec, arch, gpu)
+    autocast = spec.mixed_precision != "no" and cdt != "float32"
+    e = DTYPE_BYTES[cdt] if autocast else sb
+    full = method == "full"
+    lora = () if full else tuple(arch.lora_targets(spec.lora_target_modules))
+    total_params = arch.total_params
+    trainable = (
+        total_params if full else sum(spec.lora_r * (m.in_features + m.out_features) * k for m, k in lora)
+    )
+    shard = f" / {n} GPUs (FSDP shard)" if n > 1 else ""
+
+    persistent: list[Term] = []
+    # -- base weights ---------------------------------------------------------------------------------
+    if method == "qlora":
+        q_bytes = arch.num_layers * sum(nf4_bytes(m.weight_numel) for m in arch.block_linears)
+        q_params = arch.num_layers * sum(m.weight_numel for m in arch.block_linears)
+        rest = total_params - q_params
+        persistent.append(
+            Term(
+                name="base weights (NF4)",
+                bytes=q_bytes // n,
+                note=(
+                    f"{q_params:,} block linear weights in 4-bit NF4: 0.5 B/param + uint8 absmax "
+                    "per 64 values, fp32 scale per 256 absmaxes (double quant) = "
+                    f"{q_bytes / q_params:.4f} B/param{shard}"
+                ),
+            )
+        )
+        qb = DTYPE_BYTES[cdt]
+        persistent.append(
+            Term(
+                name="unquantized weights",
+                bytes=rest * qb // n,
+                note=(
+                    f"{rest:,} params loaded in the compute dtype {cdt}: embeddings, lm_head, norms, biases "
+                    f"(bitsandbytes quantizes only the decoder-block linears; no fp32 upcast){shard}"
+                ),
+            )
+        )
+    else:
+        persistent.append(
+            Term(
+                name="base weights",
+                bytes=total_params * sb // n,
+                note=(f"{total_params:,} params in {store} ({sb} B/param){shard}"),
+            )
+        )
+    # -- trainable state ------------------------------------------------------------------------------
+    if full:
+        grad_b = sb
+        master = 4 if (spec.master_weights and sb < 4) else 0
+        state_elem = 4 if (master or sb == 4) else sb
+    else:
+        persistent.append(
+            Term(
+                name="LoRA adapters",
+                bytes=trainable * 4 // n,
+                note=(
+                    f"{trainable:,} params (r={spec.lora_r}, {len(lora)} module kinds) in fp32 (peft keeps "
+                    f"adapters in fp32){shard}"
+                ),
+            )
+        )
+        grad_b, master, state_elem = 4, 0, 4
+    persistent.append(
+        Term(
+            name="gradients",
+            bytes=trainable * grad_b // n,
+            note=(f"{trainable:,} x {grad_b} B, kept whole through accumulation{shard}"),
+        )
+    )
+    if full:
+        persistent.append(
+            Term(
+                name="master weights",
+                bytes=trainable * master // n,
+                note=(
+                    f"fp32 copies, 4 B/param{shard}"
+                    if master
+                    else "none: "
+                    + (
+                        "weights are already fp32"
+                        if sb == 4
+                        else "master_weights is off (pure low-precision)"
+                    )
+                ),
+            )
+        )
+    if spec.optimizer == "adamw":
+        opt_bytes, opt_note = (
+            trainable * 2 * state_elem,
+            f"AdamW m and v in {'fp32' if state_elem == 4 else store}",
+        )
+    else:
+        opt_bytes = adam8bit_state_bytes(trainable)
+        opt_note = "bitsandbytes 8-bit AdamW: uint8 m and v + fp32 absmax per 256 values (~2.03 B/param)"
+    paged = spec.optimizer == "paged_adamw_8bit"
+    if not paged:
+        persistent.append(Term(name="optimizer states", bytes=opt_bytes // n, note=f"{opt_note}{shard}"))
+
+    # -- forward/backward transients --------------------------------------------------------------------
+    b, s = spec.micro_batch_size, spec.max_seq_len
+    tokens = b * s
+    setup = ActivationSetup(
+        compute_bytes=e,
+        autocast=autocast,
+        full=full,
+        lora=lora,
+        lora_r=spec.lora_r,
+        lora_dropout=spec.lora_dropout > 0,
+        attn=spec.attn_implementation,
+        kv_repeated=spec.attn_implementation == "sdpa" and b > 1,
+        seq_len=s,
+    )
+    per_layer, parts = layer_saved_bytes_per_token(arch, setup)
+    layer_bytes = per_layer * tokens
+    if spec.gradient_checkpointing:
+        act = arch.num_layers * e * arch.hidden_size * tokens + layer_bytes
+        act_note = (
+            f"checkpointing: each of {arch.num_layers} layers keeps its input ({e} B x hidden x "
+            f"{tokens} tokens) + one layer recomputed in backward ({_gib(layer_bytes)})"
+        )
+    else:
+        act = arch.num_layers * layer_bytes + 4 * arch.hidden_size * tokens
+        act_note = f"{arch.num_layers} layers x {tokens} tokens x {per_layer:,.0f} B/token + final norm"
+    act_note += f"; per layer B/token: {', '.join(parts)}; sequences padded to max_seq_len"
+    fwd: list[Term] = [
+        Term(name="activations", bytes=int(act), note=act_note),
+        Term(
+            name="logits and loss",
+            bytes=tokens * logits_bytes_per_token(arch, e),
+            note=(
+                f"{tokens} tokens x vocab {arch.vocab_size:,} x ({e} B logits + 4 B fp32 log-probs saved + "
+                "8 B fp32 grads at backward start)"
+            ),
+        ),
+        Term(
+            name="backward working buffers",
+            bytes=tokens * backward_working_bytes_per_token(arch, e),
+            note="grads in flight through one block: 2 x hidden + 2 x intermediate per token",
+        ),
+    ]
+    if method == "qlora":
+        fwd.append(
+            Term(
+                name="QLoRA dequantization buffer",
+                bytes=arch.largest_linear_numel * e,
+                note=(
+                    f"largest block linear ({arch.largest_linear_numel:,} weights) dequantized to {cdt}, "
+                    "one at a time"
+                ),
+            )
+        )
+    if autocast and e < 4 and (not full or sb == 4):
+        fwd.append(
+            Term(
+                name="autocast weight copies",
+                bytes=trainable * e // n,
+                note=(f"fp32 trainable weights cast to {cdt} and cached for the forward/backward"),
+            )
+        )
+    if n > 1:
+        layer_w = (
+            sum(nf4_bytes(m.weight_numel) for m in arch.block_linears) + arch.norm_params_per_layer * sb
+            if method == "qlora"
+            else arch.layer_params * sb
+        )
+        root = (arch.embedding_params + arch.lm_head_params + arch.final_norm_params) * sb
+        fwd.append(
+            Term(
+                name="FSDP all-gathered units",
+                bytes=int(2 * layer_w + root),
+                note=(
+                    "two decoder layers unsharded (current + prefetched next) + the root unit (embeddings, "
+                    "lm_head, final norm) which FSDP2 keeps unsharded between forward and backward"
+                ),
+            )
+        )
+        if full:
+            fwd.append(
+                Term(
+                    name="FSDP unsharded gradients",
+                    bytes=(arch.layer_params * grad_b + root // sb * grad_b),
+                    note="one layer's and the root unit's full gradients before reduce-scatter",
+                )
+            )
+        fwd.append(Term(name="NCCL buffers", bytes=NCCL_BYTES, note="communicator buffers, ~300 MiB stated"))
+
+    # -- optimizer step transients ----------------------------------------------------------------------
+    step: list[Term] = []
+    if paged:
+        step.append(
+            Term(
+                name="optimizer states (paged)",
+                bytes=opt_bytes // n,
+                note=(
+                    f"{opt_note}; in CUDA unified memory: evicted to CPU under pressure during "
+                    "forward/backward, "
+                    f"paged back for the optimizer step, so counted in the step phase only{shard}"
+                ),
+            )
+        )
+    if spec.optimizer == "adamw":
+        step.append(
+            Term(
+                name="optimizer step temporaries",
+                bytes=trainable * state_elem // n,
+                note=(
+                    "torch foreach AdamW allocates sqrt(v) for all params at once (one state-sized buffer)"
+                ),
+            )
+        )
+    n_tensors = (
+        (arch.num_layers * (len(arch.block_linears) * 2 + 4) + 4) if full else 2 * sum(k for _, k in lora)
+    )
+    step.append(
+        Term(
+            name="gradient-norm buffers",
+            bytes=n_tensors * 4 + 4 * MiB,
+            note=("clip_grad_norm_: one fp32 norm per trainable tensor + a 4 MiB reduction workspace"),
+        )
+    )
+
+    fwd_total, step_total = sum(t.bytes for t in fwd), sum(t.bytes for t in step)
+    idle, idle_name = (step, "step") if fwd_total >= step_total else (fwd, "forward/backward")
+    idle[:] = [
+        Term(
+            name=t.name,
+            bytes=0,
+            note=f"{_gib(t.bytes)} not at the peak (the {idle_name} phase is smaller): {t.note}",
+        )
+        for t in idle
+    ]
+    used = sum(t.bytes for t in persistent) + max(fwd_total, step_total)
+    tail = [
+        Term(name="CUDA context", bytes=CUDA_CONTEXT_BYTES, note="CUDA context + cuBLAS workspace, ~500 MiB"),
+        Term(
+            name="allocator fragmentation",
+            bytes=int(used * FRAGMENTATION),
+            note=(f"{FRAGMENTATION:.0%} of the bytes in use (caching allocator: reserved vs allocated)"),
+        ),
+    ]
+    breakdown = persistent + fwd + step + tail
+    total = sum(t.bytes for t in breakdown)
+    usable = gpu.usable_bytes
+    seconds, speed_note = _speed(spec, arch, gpu, trainable, tokens_per_epoch)
+    return Plan(
+        gpu=gpu.name,
+        num_gpus=n,
+        method=method,
+        total_params=total_params,
+        trainable_params=trainable,
+        breakdown=breakdown,
+        allocated_bytes=used,
+        total_bytes=total,
+        usable_bytes=usable,
+        fits=total <= usable,
+        headroom_bytes=usable - total,
+        est_seconds_per_epoch=seconds,
+        speed_note=speed_note,
+    )
+
+
+def _speed(
+    spec: JobSpec, arch: Architecture, gpu: Gpu, trainable: int, tokens: int | None
+) -> tuple[float | None, str | None]:
+    """FLOPs/token: forward F = 2 x matmul weights + causal attention 2 x seq x q_dim per layer;
+    backward = 2F (full: grads w.r.t. activations and weights) or F + attention (LoRA/QLoRA: activations
+    only, frozen weights) + 6 x LoRA params; checkpointing re-runs the forward. Time = FLOPs x tokens /
+    (num_gpus x dense bf16 FLOP/s x assumed MFU)."""
+    if tokens is None or gpu.bf16_flops is None:
+        return None, "needs tokens_per_epoch and a known GPU type" if gpu.bf16_flops is None else None
+    f_lin = 2 * arch.matmul_params
+    f_attn = 2 * spec.max_seq_len * arch.num_heads * arch.head_dim * arch.num_layers
+    fwd = f_lin + f_attn
+    bwd = 2 * fwd if spec.method == "full" else f_lin + 2 * f_attn + 6 * trainable
+    per_token = fwd + bwd + (fwd if spec.gradient_checkpointing else 0)
+    mfu = MFU[spec.method]
+    seconds = per_token * tokens / (spec.num_gpus * gpu.bf16_flops * mfu)
+    return seconds, (
+        f"{per_token / 1e9:.1f} GFLOP/token x {tokens:,} tokens at {mfu:.0%} of "
+        f"{gpu.bf16_flops / 1e12:.0f} TFLOP/s x {spec.num_gpus} GPU(s)"
+    )

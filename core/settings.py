@@ -1,0 +1,84 @@
+"""Process-wide settings, read once from the environment (prefix FTUNE_)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FTUNE_", extra="ignore")
+
+    # Where everything lives. Relative paths are taken from the working directory.
+    data_dir: Path = Path("var/data")
+    models_dir: Path = Path("var/models")
+    # Empty means: SQLite in data_dir.
+    database_url: str = ""
+    # Empty means: no broker configured; `ftune up` starts an embedded one and sets this for its children.
+    redis_url: str = ""
+    # Also search the local Hugging Face cache for base models (never downloads).
+    hf_cache_dir: Path | None = None
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+
+    # Auth. "off" is a loud development mode: every request acts as the admin of tenant "local".
+    auth: Literal["on", "off"] = "on"
+    # Provision this admin key (format ftk_<id>_<secret>) at start, e.g. from a secret store.
+    bootstrap_admin_key: str = ""
+
+    # Per-tenant limits.
+    max_active_jobs_per_tenant: int = Field(default=20, ge=1)
+    max_stored_bytes_per_tenant: int = Field(default=100 * 2**30, ge=0)
+    rate_limit_per_minute: int = Field(default=1200, ge=1)
+    # An upload that sends nothing for this long is dropped (slow clients cannot hold a slot forever).
+    upload_idle_timeout_seconds: float = Field(default=60, gt=0)
+
+    # Upload limits.
+    max_upload_bytes: int = 1 << 30
+    max_line_bytes: int = 1 << 20
+    min_examples: int = 1
+    max_reported_problems: int = 50
+
+    # Jobs. The broker's visibility timeout must exceed the longest job, or the broker redelivers it.
+    max_job_seconds: int = 7 * 24 * 3600
+    max_attempts: int = Field(default=3, ge=1)
+    # A running job's lease; the worker renews it on every progress tick. Expired: the reaper requeues.
+    lease_seconds: float = Field(default=120, gt=0)
+    # How often each worker heartbeats and runs a reaper pass.
+    reaper_interval_seconds: float = Field(default=20, gt=0)
+    # A queued job whose message may be lost is re-sent after this long (only when the queue is empty).
+    resend_after_seconds: float = Field(default=60, gt=0)
+    worker_name: str = ""
+    worker_concurrency: int = 1
+    # Declared devices of this worker (e.g. "A100-80GB,A100-80GB" or "24GB"); empty: detect.
+    worker_devices: str = ""
+    # Plan against this GPU (type or size) while no worker has registered its devices yet; empty: admit.
+    plan_gpu: str = ""
+    # How often the worker relays training progress into the database.
+    progress_interval_seconds: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _absolute_paths(self) -> Settings:
+        self.data_dir = self.data_dir.expanduser().resolve()
+        self.models_dir = self.models_dir.expanduser().resolve()
+        if self.hf_cache_dir is not None:
+            self.hf_cache_dir = self.hf_cache_dir.expanduser().resolve()
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'ftune.db'}"
+
+    @property
+    def visibility_timeout_seconds(self) -> int:
+        return self.max_job_seconds + 3600
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,113 @@
+"""JobSpec: the one typed contract that goes API -> database JSON -> run.json -> training.
+
+A flat JSON object a curl user can write by hand. Every field but the first two has a default;
+unknown fields are refused and every problem is reported at once (pydantic collects them).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Base model names: a local directory name or a hub-style "org/name" id. Never a path.
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+ID_RE = re.compile(r"^[a-z0-9]{8,64}$")
+MODULE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
+
+Method = Literal["lora", "qlora", "full"]
+Optimizer = Literal["adamw", "adamw_8bit", "paged_adamw_8bit"]
+Scheduler = Literal["constant", "linear", "cosine"]
+TorchDtype = Literal["auto", "float32", "bfloat16", "float16"]
+MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
+AttnImpl = Literal["sdpa", "eager", "flash_attention_2"]
+
+
+class JobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_model: str = Field(description="Name of a local base model (see GET /models).")
+    dataset_id: str = Field(description="Id of an uploaded, valid dataset.")
+
+    method: Method = Field(
+        "lora", description="lora, qlora (4-bit NF4 base) or full (planned only, not trained)."
+    )
+    lora_r: int = Field(16, ge=1, le=1024)
+    lora_alpha: float = Field(32, gt=0, le=4096)
+    lora_dropout: float = Field(0.05, ge=0, lt=1)
+    lora_target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+    epochs: int = Field(1, ge=1, le=1000)
+    max_steps: int | None = Field(None, ge=1, le=10_000_000, description="Overrides epochs when set.")
+    micro_batch_size: int = Field(4, ge=1, le=4096)
+    gradient_accumulation_steps: int = Field(1, ge=1, le=4096)
+    max_seq_len: int = Field(512, ge=8, le=1_048_576)
+
+    learning_rate: float = Field(2e-4, gt=0, le=1.0)
+    lr_scheduler: Scheduler = "linear"
+    warmup_steps: int = Field(0, ge=0, le=1_000_000)
+    weight_decay: float = Field(0.0, ge=0, le=10)
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Clip gradients to this norm; null: off.")
+    optimizer: Optimizer = "adamw"
+    seed: int = Field(42, ge=0, le=2**32 - 1)
+
+    # None means the method's default: on for qlora, off otherwise.
+    gradient_checkpointing: bool | None = None
+    checkpoint_every_steps: int = Field(50, ge=0, le=10_000_000, description="0: only at the end.")
+
+    torch_dtype: TorchDtype = Field("auto", description="Storage dtype of unquantized base weights.")
+    mixed_precision: MixedPrecision = Field("auto", description="auto: bf16 on a GPU, off on a CPU.")
+    master_weights: bool = Field(False, description="Keep fp32 master copies (full fine-tune).")
+    attn_implementation: AttnImpl = "sdpa"
+    num_gpus: int = Field(1, ge=1, le=1024)
+
+    @field_validator("base_model")
+    @classmethod
+    def _model_name(cls, v: str) -> str:
+        if not MODEL_NAME_RE.match(v) or ".." in v:
+            raise ValueError("must be a model name like 'ftune-demo' or 'org/name', not a path")
+        return v
+
+    @field_validator("dataset_id")
+    @classmethod
+    def _dataset_id(cls, v: str) -> str:
+        if not ID_RE.match(v):
+            raise ValueError("must be a dataset id returned by POST /datasets")
+        return v
+
+    @field_validator("lora_target_modules")
+    @classmethod
+    def _modules(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("must name at least one module, or be 'all-linear'")
+            bad = [m for m in v if not MODULE_NAME_RE.match(m)]
+            if bad:
+                raise ValueError(f"invalid module names: {bad}")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _method_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("gradient_checkpointing") is None:
+            data = {**data, "gradient_checkpointing": data.get("method") == "qlora"}
+        return data
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.micro_batch_size * self.gradient_accumulation_steps * self.num_gpus
+
+
+class RunConfig(BaseModel):
+    """What the worker hands to `python -m training.run run.json`: the spec plus resolved local paths."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_id: str
+    spec: JobSpec
+    model_dir: str
+    dataset_path: str
+    output_dir: str
+    # The upload's column mapping, applied when the examples are read (core.examples.read_examples).
+    column_mapping: dict[str, str] | None = None

@@ -1,0 +1,192 @@
+"""Write examples/alpaca_small.jsonl and examples/chat_small.jsonl (deterministic: same output every run).
+
+.venv/bin/python examples/make_examples.py
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+CAPITALS = [
+    ("France", "Paris"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Germany", "Berlin"), ("Japan", "Tokyo"),
+    ("Canada", "Ottawa"), ("Australia", "Canberra"), ("Brazil", "Brasília"), ("Egypt", "Cairo"),
+    ("Kenya", "Nairobi"), ("India", "New Delhi"), ("China", "Beijing"), ("Mexico", "Mexico City"),
+    ("Norway", "Oslo"), ("Sweden", "Stockholm"), ("Finland", "Helsinki"), ("Poland", "Warsaw"),
+    ("Portugal", "Lisbon"), ("Greece", "Athens"), ("Turkey", "Ankara"), ("Argentina", "Buenos Aires"),
+    ("Chile", "Santiago"), ("Peru", "Lima"), ("Ireland", "Dublin"), ("Austria", "Vienna"),
+    ("Hungary", "Budapest"), ("Vietnam", "Hanoi"), ("Thailand", "Bangkok"), ("Nigeria", "Abuja"),
+    ("Morocco", "Rabat"), ("New Zealand", "Wellington"), ("South Korea", "Seoul"),
+]  # fmt: skip
+OPPOSITES = [
+    ("hot", "cold"), ("big", "small"), ("fast", "slow"), ("happy", "sad"), ("light", "dark"),
+    ("open", "closed"), ("early", "late"), ("full", "empty"), ("hard", "soft"), ("old", "young"),
+    ("rich", "poor"), ("strong", "weak"), ("wet", "dry"), ("loud", "quiet"), ("high", "low"),
+    ("thick", "thin"), ("heavy", "light"), ("clean", "dirty"), ("brave", "cowardly"), ("near", "far"),
+    ("win", "lose"), ("buy", "sell"), ("push", "pull"), ("remember", "forget"), ("always", "never"),
+]  # fmt: skip
+PLURALS = [
+    ("cat", "cats"), ("box", "boxes"), ("child", "children"), ("mouse", "mice"), ("city", "cities"),
+    ("knife", "knives"), ("tooth", "teeth"), ("woman", "women"), ("leaf", "leaves"), ("bus", "buses"),
+    ("sheep", "sheep"), ("goose", "geese"), ("baby", "babies"), ("potato", "potatoes"), ("man", "men"),
+    ("person", "people"), ("dish", "dishes"), ("wolf", "wolves"), ("fish", "fish"), ("church", "churches"),
+    ("party", "parties"), ("foot", "feet"), ("key", "keys"), ("hero", "heroes"), ("cactus", "cacti"),
+]  # fmt: skip
+WORDS = [
+    "planet", "garden", "yellow", "window", "silver", "rocket", "bridge", "candle", "forest", "pencil",
+    "orange", "dragon", "winter", "button", "castle", "guitar", "island", "jacket", "kitten", "ladder",
+    "marble", "needle", "pepper", "rabbit", "saddle", "tunnel", "velvet", "wizard", "anchor", "basket",
+]  # fmt: skip
+FACTS = [
+    ("How many days are in a week?", "Seven."),
+    ("How many legs does a spider have?", "Eight."),
+    ("What is the boiling point of water at sea level in Celsius?", "100 °C."),
+    ("What gas do plants absorb from the air?", "Carbon dioxide."),
+    ("Which planet is closest to the Sun?", "Mercury."),
+    ("What is the largest ocean on Earth?", "The Pacific Ocean."),
+    ("How many continents are there?", "Seven."),
+    ("What is frozen water called?", "Ice."),
+    ("How many hours are in a day?", "Twenty-four."),
+    ("Which animal is known as the king of the jungle?", "The lion."),
+    ("What colour do you get by mixing blue and yellow?", "Green."),
+    ("How many minutes are in an hour?", "Sixty."),
+    ("What is the chemical symbol for gold?", "Au."),
+    ("Which organ pumps blood around the body?", "The heart."),
+    ("How many sides does a hexagon have?", "Six."),
+    ("What is the tallest mountain above sea level?", "Mount Everest."),
+    ("Which planet is known as the Red Planet?", "Mars."),
+    ("What do bees make?", "Honey."),
+    ("How many months have 28 days?", "All twelve months have at least 28 days."),
+    ("What is the freezing point of water in Fahrenheit?", "32 °F."),
+    ("Which direction does the Sun rise in?", "The east."),
+    ("How many strings does a standard guitar have?", "Six."),
+    ("What is the largest mammal?", "The blue whale."),
+    ("What is the main language spoken in Brazil?", "Portuguese."),
+    ("How many bones are in the adult human body?", "206."),
+    ("Which is the longest river in Africa?", "The Nile."),
+    ("What is the square root of 81?", "9."),
+    ("How many players are on a football (soccer) team on the pitch?", "Eleven."),
+]
+
+
+def arithmetic(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    ops = [
+        ("+", "Add", lambda a, b: a + b),
+        ("-", "Subtract", lambda a, b: a - b),
+        ("*", "Multiply", lambda a, b: a * b),
+    ]
+    out, seen = [], set()
+    while len(out) < n:
+        sym, verb, fn = rng.choice(ops)
+        a, b = rng.randint(2, 60), rng.randint(2, 30 if sym == "*" else 60)
+        if (a, sym, b) in seen:
+            continue
+        seen.add((a, sym, b))
+        if rng.random() < 0.5:
+            out.append({"instruction": f"What is {a} {sym} {b}?", "input": "", "output": str(fn(a, b))})
+        else:
+            noun = {"+": "sum", "-": "difference", "*": "product"}[sym]
+            out.append(
+                {
+                    "instruction": f"{verb} the two numbers and give the {noun}.",
+                    "input": f"{a} and {b}",
+                    "output": f"The {noun} of {a} and {b} is {fn(a, b)}.",
+                }
+            )
+    return out
+
+
+def alpaca(rng: random.Random) -> list[dict[str, Any]]:
+    rows = arithmetic(rng, 45)
+    for country, capital in CAPITALS:
+        rows.append(
+            {"instruction": f"What is the capital of {country}?", "input": "", "output": f"{capital}."}
+        )
+    for word, opposite in OPPOSITES:
+        rows.append({"instruction": "Give the opposite of the word.", "input": word, "output": opposite})
+    for word, plural in PLURALS:
+        rows.append({"instruction": "Write the plural form of the noun.", "input": word, "output": plural})
+    for word in WORDS:
+        rows.append({"instruction": "Reverse the letters of the word.", "input": word, "output": word[::-1]})
+    for question, answer in FACTS:
+        rows.append({"instruction": question, "input": "", "output": answer})
+    for word in WORDS[:15]:
+        vowels = sum(c in "aeiou" for c in word)
+        rows.append(
+            {"instruction": f'How many vowels are in the word "{word}"?', "input": "", "output": str(vowels)}
+        )
+    rng.shuffle(rows)
+    return rows
+
+
+def turn(role: str, content: str, **extra: Any) -> dict[str, Any]:
+    return {"role": role, "content": content, **extra}
+
+
+def chat(rng: random.Random) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    pairs = list(zip(CAPITALS, CAPITALS[1:] + CAPITALS[:1], strict=True))
+    for (c1, k1), (c2, k2) in pairs[:30]:
+        msgs = (
+            [turn("system", "You answer geography questions in one short sentence.")]
+            if rng.random() < 0.4
+            else []
+        )
+        msgs += [
+            turn("user", f"What is the capital of {c1}?"),
+            turn("assistant", f"The capital of {c1} is {k1}."),
+            turn("user", f"And of {c2}?"),
+            turn("assistant", f"The capital of {c2} is {k2}."),
+        ]
+        rows.append({"messages": msgs})
+    for problem in arithmetic(rng, 25):
+        a, b = problem["input"].split(" and ") if problem["input"] else (None, None)
+        question = problem["instruction"] if a is None else f"{problem['instruction']} {a} and {b}."
+        rows.append(
+            {
+                "messages": [
+                    turn("system", "You are a patient maths tutor. Answer, then offer to explain."),
+                    turn("user", question),
+                    # The opening answer is context only: the follow-up is what we train on.
+                    turn("assistant", f"{problem['output']} Would you like me to show the steps?", weight=0),
+                    turn("user", "No thanks, just checking. Is that exact?"),
+                    turn("assistant", "Yes, whole-number arithmetic like this is exact."),
+                ]
+            }
+        )
+    for (w1, o1), (w2, p2) in zip(OPPOSITES[:20], PLURALS[:20], strict=True):
+        rows.append(
+            {
+                "messages": [
+                    turn("user", f"Let's play a word game. What is the opposite of {w1}?"),
+                    turn("assistant", f"The opposite of {w1} is {o1}."),
+                    turn("user", f"Nice. Now what is the plural of {w2}?"),
+                    turn("assistant", f"The plural of {w2} is {p2}."),
+                    turn("user", f"Spell {w2} backwards."),
+                    turn("assistant", w2[::-1]),
+                ]
+            }
+        )
+    for question, answer in FACTS[:25]:
+        msgs = [turn("system", "You are a helpful assistant.")] if rng.random() < 0.3 else []
+        rows.append({"messages": [*msgs, turn("user", question), turn("assistant", answer)]})
+    rng.shuffle(rows)
+    return rows
+
+
+def write(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    print(f"wrote {len(rows)} examples to {path}")
+
+
+def main() -> None:
+    write(HERE / "alpaca_small.jsonl", alpaca(random.Random(7)))
+    write(HERE / "chat_small.jsonl", chat(random.Random(11)))
+
+
+if __name__ == "__main__":
+    main()

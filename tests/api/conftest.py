@@ -1,0 +1,92 @@
+"""API tests in-process (TestClient) against a real migrated database; the broker is a recorded double."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from core.settings import Settings
+from models.db import session_scope
+from models.tenants import create_key
+
+TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+
+
+class RecordingEnqueuer:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def __call__(self, job_id: str) -> bool:
+        self.sent.append(job_id)
+        return True
+
+
+@pytest.fixture
+def settings(tmp_path: Path, migrated_url: str) -> Settings:
+    models = tmp_path / "models"
+    (models / "tiny").mkdir(parents=True)
+    (models / "tiny" / "config.json").write_text(json.dumps(TINY_CONFIG))
+    return Settings(
+        data_dir=tmp_path / "data",
+        models_dir=models,
+        database_url=migrated_url,
+        hf_cache_dir=tmp_path / "hf",
+        max_upload_bytes=64 * 1024,
+    )
+
+
+@pytest.fixture
+def enqueued() -> RecordingEnqueuer:
+    return RecordingEnqueuer()
+
+
+@pytest.fixture
+def app(settings: Settings, enqueued: RecordingEnqueuer) -> Iterator[FastAPI]:
+    app = create_app(settings, enqueue=enqueued)
+    yield app
+    app.state.services.engine.dispose()
+
+
+def new_key(app: FastAPI, tenant: str, admin: bool = False) -> dict[str, str]:
+    with session_scope(app.state.services.sessions) as s:
+        return {"Authorization": f"Bearer {create_key(s, tenant, is_admin=admin)}"}
+
+
+@pytest.fixture
+def client(app: FastAPI) -> Iterator[TestClient]:
+    """Tenant "acme", a normal (non-admin) key."""
+    with TestClient(app, headers=new_key(app, "acme")) as c:
+        yield c
+
+
+@pytest.fixture
+def other_client(app: FastAPI) -> Iterator[TestClient]:
+    """A second tenant."""
+    with TestClient(app, headers=new_key(app, "globex")) as c:
+        yield c
+
+
+@pytest.fixture
+def admin_client(app: FastAPI) -> Iterator[TestClient]:
+    with TestClient(app, headers=new_key(app, "ops", admin=True)) as c:
+        yield c
+
+
+def jsonl(*rows: object) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+ALPACA = jsonl(*({"instruction": f"Add {i} and 1.", "output": str(i + 1)} for i in range(5)))
+
+
+@pytest.fixture
+def dataset_id(client: TestClient) -> str:
+    r = client.post("/datasets", files={"file": ("a.jsonl", ALPACA)})
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])

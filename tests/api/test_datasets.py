@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from core.settings import Settings
+from tests.api.conftest import ALPACA, jsonl
+
+
+def test_multipart_upload_is_validated_and_stored(client: TestClient, settings: Settings) -> None:
+    r = client.post("/datasets", files={"file": ("train.jsonl", ALPACA)})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["status"] == "valid" and body["format"] == "instruction" and body["num_examples"] == 5
+    assert body["filename"] == "train.jsonl"
+    stored = settings.data_dir / "datasets" / f"{body['id']}.jsonl"
+    assert stored.read_bytes() == ALPACA
+    assert client.get(f"/datasets/{body['id']}").json()["sha256"] == body["sha256"]
+
+
+def test_raw_ndjson_upload(client: TestClient) -> None:
+    r = client.post(
+        "/datasets?filename=x.jsonl", content=ALPACA, headers={"content-type": "application/x-ndjson"}
+    )
+    assert r.status_code == 201, r.text
+    assert r.json()["num_examples"] == 5
+
+
+def test_not_jsonl_is_422_with_line_number(client: TestClient) -> None:
+    body = jsonl({"instruction": "a", "output": "b"}) + b"this is not json\n"
+    r = client.post("/datasets", files={"file": ("bad.jsonl", body)})
+    assert r.status_code == 422
+    err = r.json()["error"]
+    assert err["code"] == "invalid_dataset" and "line 2" in err["message"]
+    problems = err["details"]["report"]["problems"]
+    assert problems[0]["line"] == 2 and problems[0]["code"] == "invalid_json"
+    # Stored as invalid so the report can be read again.
+    assert client.get(f"/datasets/{err['details']['id']}").json()["status"] == "invalid"
+
+
+def test_oversized_upload_is_413_and_leaves_nothing(client: TestClient, settings: Settings) -> None:
+    big = jsonl(*({"text": "x" * 1000} for _ in range(100)))  # ~100 KB > 64 KiB limit
+    r = client.post("/datasets", files={"file": ("big.jsonl", big)})
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "payload_too_large"
+    assert list((settings.data_dir / "datasets").iterdir()) == []
+    assert list(Path(settings.data_dir / "tmp").iterdir()) == []
+
+
+def test_multipart_without_file_field(client: TestClient) -> None:
+    r = client.post("/datasets", files={"other": ("a.jsonl", ALPACA)})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "missing_file"
+
+
+def test_unknown_dataset_is_404(client: TestClient) -> None:
+    r = client.get("/datasets/0123456789abcdef")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "dataset_not_found"
+
+
+def test_list_paginates(client: TestClient) -> None:
+    ids = {client.post("/datasets", files={"file": ("a.jsonl", ALPACA)}).json()["id"] for _ in range(3)}
+    first = client.get("/datasets?limit=2").json()
+    assert len(first["data"]) == 2 and first["has_more"]
+    second = client.get(f"/datasets?limit=2&after={first['next_cursor']}").json()
+    assert not second["has_more"]
+    assert {d["id"] for d in first["data"] + second["data"]} == ids

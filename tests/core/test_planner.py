@@ -1,0 +1,257 @@
+"""Planner: byte formulas against real tensors, monotonicity, FSDP, suggestions, speed."""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+
+import pytest
+
+from core.arch import from_config
+from core.errors import InvalidInput
+from core.gpus import GiB, resolve_gpu
+from core.memory import ActivationSetup, layer_saved_bytes_per_token, nf4_bytes
+from core.planner import Plan, estimate
+from core.spec import JobSpec
+
+LLAMA2_7B = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "torch_dtype": "float16",
+}
+LLAMA3_8B = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "torch_dtype": "bfloat16",
+}
+
+
+def spec(**kw) -> JobSpec:
+    return JobSpec(base_model="m", dataset_id="abcdefgh", **kw)
+
+
+def total(s: JobSpec, arch=None, gpu: str = "A100-80GB") -> int:
+    return estimate(s, arch or from_config(LLAMA2_7B), resolve_gpu(gpu), suggest=False).total_bytes
+
+
+def term(plan: Plan, name: str) -> int:
+    return next(t.bytes for t in plan.breakdown if t.name == name)
+
+
+# -- byte formulas ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(4096, 11008), (64, 96), (100, 37), (1000, 1000), (7, 9)])
+@pytest.mark.parametrize("double_quant", [True, False])
+def test_nf4_bytes_equal_bitsandbytes(shape: tuple[int, int], double_quant: bool) -> None:
+    torch = pytest.importorskip("torch")
+    bnb = pytest.importorskip("bitsandbytes")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        w = torch.randn(*shape, dtype=torch.bfloat16)
+        p = bnb.nn.Params4bit(w, requires_grad=False, quant_type="nf4", compress_statistics=double_quant)
+        p = p._quantize("cpu")
+    qs = p.quant_state
+    tensors = [p.data, qs.absmax, qs.code] + ([qs.state2.absmax, qs.offset] if qs.nested else [])
+    assert sum(t.numel() * t.element_size() for t in tensors) == nf4_bytes(w.numel(), double_quant)
+
+
+@pytest.mark.parametrize(
+    ("method", "targets", "attn"),
+    [
+        ("lora", "all-linear", "sdpa"),
+        ("lora", ["q_proj", "v_proj"], "sdpa"),
+        ("full", None, "sdpa"),
+        ("lora", "all-linear", "eager"),
+        ("full", None, "eager"),
+    ],
+)
+def test_saved_tensor_model_matches_autograd(method: str, targets, attn: str) -> None:
+    """Per-layer bytes the planner assumes = bytes autograd really saves (CPU, bf16 autocast, no dropout)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    b, s = 3, 37
+    cfg = dict(
+        vocab_size=101,
+        hidden_size=64,
+        intermediate_size=88,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+    def saved(layers: int) -> int:
+        config = transformers.LlamaConfig(num_hidden_layers=layers, attn_implementation=attn, **cfg)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+            if method == "lora":
+                model = peft.get_peft_model(
+                    model, peft.LoraConfig(r=4, target_modules=targets, lora_dropout=0.0)
+                )
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            if t.numel() % (b * s) == 0 and not isinstance(t, torch.nn.Parameter):  # activations only
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        ids = torch.randint(3, 101, (b, s))
+        with (
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+            torch.autocast("cpu", torch.bfloat16),
+        ):
+            model(input_ids=ids, labels=ids)
+        return sum(seen.values())
+
+    per_layer_measured = (saved(3) - saved(2)) / (b * s)
+    arch = from_config({"model_type": "llama", "num_hidden_layers": 2, **cfg})
+    lora = () if method == "full" else tuple(arch.lora_targets(targets))
+    setup = ActivationSetup(
+        compute_bytes=2,
+        autocast=True,
+        full=method == "full",
+        lora=lora,
+        lora_r=4,
+        lora_dropout=False,
+        attn=attn,
+        kv_repeated=False,
+        seq_len=s,
+    )
+    predicted, _ = layer_saved_bytes_per_token(arch, setup)
+    # the only unmodelled tensors are the RMSNorms' per-token fp32 rsqrt (2 x 4 B per token)
+    assert predicted == pytest.approx(per_layer_measured, rel=0.01)
+
+
+# -- monotonicity and methods -----------------------------------------------------------------------
+def test_more_batch_or_sequence_needs_more_memory() -> None:
+    for ck in (False, True):
+        base = spec(micro_batch_size=2, max_seq_len=1024, gradient_checkpointing=ck)
+        assert total(base) < total(base.model_copy(update={"micro_batch_size": 4}))
+        assert total(base) < total(base.model_copy(update={"max_seq_len": 2048}))
+
+
+def test_checkpointing_reduces_activations() -> None:
+    arch, gpu = from_config(LLAMA2_7B), resolve_gpu("A100-80GB")
+    off = estimate(spec(gradient_checkpointing=False), arch, gpu, suggest=False)
+    on = estimate(spec(gradient_checkpointing=True), arch, gpu, suggest=False)
+    assert term(on, "activations") < term(off, "activations") / 4
+    assert on.total_bytes < off.total_bytes
+
+
+def test_qlora_lora_full_weights_and_totals_are_ordered() -> None:
+    arch, gpu = from_config(LLAMA3_8B), resolve_gpu("H100")
+    plans = {m: estimate(spec(method=m), arch, gpu, suggest=False) for m in ("qlora", "lora", "full")}
+    q = plans["qlora"]
+    q_weights = term(q, "base weights (NF4)") + term(q, "unquantized weights")
+    assert q_weights < term(plans["lora"], "base weights") == term(plans["full"], "base weights")
+    assert q.total_bytes < plans["lora"].total_bytes < plans["full"].total_bytes
+    assert q.trainable_params == plans["lora"].trainable_params < plans["full"].trainable_params
+
+
+def test_full_finetune_with_master_weights_is_16_bytes_per_param() -> None:
+    arch, gpu = from_config(LLAMA2_7B), resolve_gpu("H100")
+    p = estimate(spec(method="full", torch_dtype="bfloat16", master_weights=True), arch, gpu, suggest=False)
+    state = sum(term(p, n) for n in ("base weights", "gradients", "master weights", "optimizer states"))
+    assert state == 16 * arch.total_params
+    p8 = estimate(
+        spec(method="full", torch_dtype="bfloat16", optimizer="adamw_8bit"), arch, gpu, suggest=False
+    )
+    assert term(p8, "optimizer states") == pytest.approx(2 * arch.total_params, rel=0.02)
+
+
+def test_paged_optimizer_leaves_the_forward_backward_peak() -> None:
+    arch, gpu = from_config(LLAMA2_7B), resolve_gpu("H100")
+    plan = estimate(spec(method="full", optimizer="paged_adamw_8bit"), arch, gpu, suggest=False)
+    assert "optimizer states" not in {t.name for t in plan.breakdown}
+    assert "paged" in next(t.note for t in plan.breakdown if t.name == "optimizer states (paged)")
+    assert sum(t.bytes for t in plan.breakdown) == plan.total_bytes
+
+
+def test_fsdp_divides_sharded_terms() -> None:
+    arch, gpu = from_config(LLAMA2_7B), resolve_gpu("A100-80GB")
+    job = spec(method="full", master_weights=True, torch_dtype="bfloat16", optimizer="adamw_8bit")
+    one = estimate(job, arch, gpu, suggest=False)
+    four = estimate(one_spec := job.model_copy(update={"num_gpus": 4}), arch, gpu, suggest=False)
+    for name in ("base weights", "gradients", "master weights", "optimizer states"):
+        assert term(four, name) == term(one, name) // 4, name
+    assert term(four, "activations") == term(one, "activations")  # each GPU runs its own micro-batch
+    assert term(four, "FSDP all-gathered units") >= 2 * arch.layer_params * 2
+    assert one_spec.num_gpus == 4 and four.total_bytes < one.total_bytes
+
+
+# -- plan shape, suggestions, speed ------------------------------------------------------------------
+def test_plan_is_json_with_noted_terms_summing_to_total() -> None:
+    plan = estimate(spec(), from_config(LLAMA2_7B), resolve_gpu("L4"), tokens_per_epoch=1_000_000)
+    data = json.loads(plan.model_dump_json())
+    assert sum(t["bytes"] for t in data["breakdown"]) == data["total_bytes"]
+    assert all(t["note"] for t in data["breakdown"])
+    assert data["headroom_bytes"] == data["usable_bytes"] - data["total_bytes"]
+    assert plan.est_seconds_per_epoch and plan.est_seconds_per_epoch > 0
+    names = {t["name"] for t in data["breakdown"]}
+    assert {"activations", "logits and loss", "CUDA context", "allocator fragmentation"} <= names
+
+
+def test_suggestions_fit_and_cheapest_come_first() -> None:
+    arch, gpu = from_config(LLAMA2_7B), resolve_gpu("24GB")
+    job = spec(method="lora", micro_batch_size=8, max_seq_len=2048, gradient_checkpointing=False)
+    plan = estimate(job, arch, gpu)
+    assert not plan.fits and plan.suggestions
+    for s in plan.suggestions:
+        again = estimate(job.model_copy(update=s.change), arch, gpu, suggest=False)
+        assert s.fits and again.fits and again.total_bytes == s.plan_total_bytes <= gpu.usable_bytes
+        assert set(s.change) <= set(JobSpec.model_fields)
+    first = plan.suggestions[0].change
+    assert first.get("gradient_checkpointing") is True  # the cheapest lever comes first
+    if "micro_batch_size" in first:
+        assert first["micro_batch_size"] * first["gradient_accumulation_steps"] == 8
+
+
+def test_no_suggestions_when_it_fits_and_combinations_when_needed() -> None:
+    arch = from_config(LLAMA2_7B)
+    assert estimate(spec(method="qlora"), arch, resolve_gpu("A100-80GB")).suggestions == []
+    job = spec(method="full", micro_batch_size=8, max_seq_len=2048)
+    plan = estimate(job, from_config(LLAMA3_8B), resolve_gpu("24GB"))
+    assert plan.suggestions and all(s.fits for s in plan.suggestions)
+    assert all(" + " in s.description for s in plan.suggestions)  # no single lever is enough here
+
+
+def test_plan_with_suggestions_is_fast() -> None:
+    arch, gpu = from_config(LLAMA3_8B), resolve_gpu("T4")
+    job = spec(method="full", micro_batch_size=16, max_seq_len=8192)
+    best = min(_timed(lambda: estimate(job, arch, gpu, tokens_per_epoch=10**7)) for _ in range(3))
+    assert best < 0.25  # the requirement is 50 ms; the bench prints the real figure
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def test_unknown_targets_are_an_input_error() -> None:
+    with pytest.raises(InvalidInput):
+        estimate(spec(lora_target_modules=["c_attn"]), from_config(LLAMA2_7B), resolve_gpu("H100"))
+
+
+def test_resolve_gpu() -> None:
+    assert resolve_gpu("a100 80gb").name == resolve_gpu("A100-80GB").name == "A100-80GB"
+    assert resolve_gpu("NVIDIA GeForce RTX 4090").name == "RTX-4090"
+    assert resolve_gpu("24GB").memory_bytes == resolve_gpu("24GiB").memory_bytes == 24 * GiB
+    assert 0 < resolve_gpu("H100").usable_bytes < resolve_gpu("H100").memory_bytes
+    assert not resolve_gpu("T4").bf16_supported
+    with pytest.raises(InvalidInput):
+        resolve_gpu("Voodoo5")

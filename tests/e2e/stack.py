@@ -1,0 +1,123 @@
+"""Start the real service processes for end-to-end tests, and clean them up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+# Provisioned as an admin key in every service the tests start (FTUNE_BOOTSTRAP_ADMIN_KEY).
+TEST_ADMIN_KEY = "ftk_0123456789ab_" + "t" * 32
+AUTH = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
+api = httpx.Client(headers=AUTH, timeout=60)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    """A `python -m cli ...` child with its output in a log file (printed when a test fails)."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self.args = args
+        with log.open("ab") as f:
+            self.p = subprocess.Popen(
+                [sys.executable, "-m", "cli", *args],
+                env=env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                start_new_session=True,
+            )
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+            try:
+                self.p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait()
+        return self.p.returncode
+
+    def tail(self, n: int = 60) -> str:
+        lines = self.log.read_text(errors="replace").splitlines()
+        return f"--- {' '.join(self.args)} ({self.log}) ---\n" + "\n".join(lines[-n:])
+
+
+def env_for(tmp: Path, models_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTUNE_")}
+    env.update(
+        FTUNE_DATA_DIR=str(tmp / "data"),
+        FTUNE_MODELS_DIR=str(models_dir),
+        FTUNE_HF_CACHE_DIR=str(tmp / "hf-cache"),
+        FTUNE_PROGRESS_INTERVAL_SECONDS="0.3",
+        FTUNE_BOOTSTRAP_ADMIN_KEY=TEST_ADMIN_KEY,
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+def wait_ready(base: str, procs: list[Proc], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.p.poll() is not None:
+                raise RuntimeError(f"process exited early\n{p.tail()}")
+        try:
+            if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError("service not ready\n" + "\n".join(p.tail() for p in procs))
+
+
+def upload(base: str, path: Path) -> dict[str, Any]:
+    with path.open("rb") as f:
+        r = api.post(f"{base}/datasets", files={"file": (path.name, f)})
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def wait_finished(base: str, job_ids: list[str], timeout: float) -> dict[str, list[dict[str, Any]]]:
+    """Poll until every job is terminal; return the snapshots of each job seen on the way."""
+    seen: dict[str, list[dict[str, Any]]] = {j: [] for j in job_ids}
+    deadline = time.monotonic() + timeout
+    pending = set(job_ids)
+    while pending and time.monotonic() < deadline:
+        for job_id in list(pending):
+            job = api.get(f"{base}/jobs/{job_id}").json()
+            seen[job_id].append(job)
+            if job["status"] in ("succeeded", "failed", "cancelled"):
+                pending.discard(job_id)
+        time.sleep(0.2)
+    if pending:
+        raise TimeoutError(f"jobs not finished: {pending}")
+    return seen
+
+
+def download_adapter(base: str, job_id: str, dest: Path) -> Path:
+    r = api.get(f"{base}/jobs/{job_id}/adapter")
+    assert r.status_code == 200, r.text
+    archive = dest / f"{job_id}.tar.gz"
+    archive.write_bytes(r.content)
+    out = dest / job_id
+    with tarfile.open(archive) as tar:
+        tar.extractall(out, filter="data")
+    return out

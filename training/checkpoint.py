@@ -1,0 +1,210 @@
+"""Atomic checkpoints holding the whole training state, and resume from the newest complete one.
+
+checkpoints/step-00000040/
+  adapter.safetensors     trainable (LoRA) weights, by parameter name
+  optimizer.safetensors   every tensor of the optimizer state (torch AdamW or bitsandbytes 8-bit)
+  rng.safetensors         torch CPU (and CUDA) generator states (uint8 tensors)
+  state.json              position (step, epoch, batch in epoch), losses so far, optimizer scalars and
+                          param groups, LR schedule, grad scaler, python/numpy RNG, the spec
+Nothing is pickled. A checkpoint is written into a hidden temp dir next to its final place, fsynced
+and renamed in one `os.replace`, so a `step-*` directory is always complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from training.loop import Position, Trainer
+
+KEEP = 3
+FORMAT = 1
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+FILES = ("adapter.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def save_checkpoint(root: Path, t: Trainer, pos: Position) -> Path:
+    """Write the state after `pos.step` steps to root/step-<step>; keep the newest KEEP."""
+    target = root / checkpoint_name(pos.step)
+    if _complete(target):  # already saved at this step: the state is a function of the step
+        return target
+    shutil.rmtree(target, ignore_errors=True)  # damaged (e.g. a file lost); latest_checkpoint skipped it
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{target.name}-"))
+    try:
+        _write_state(tmp, t, pos)
+        for name in FILES:
+            _fsync(tmp / name)
+        os.replace(tmp, target)
+        _fsync(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    prune(root, KEEP)
+    return target
+
+
+def _write_state(d: Path, t: Trainer, pos: Position) -> None:
+    save_file({n: p.detach().cpu().contiguous() for n, p in named_trainable(t)}, d / FILES[0])
+    opt_tensors, opt_json = flatten_optimizer_state(t.optimizer.state_dict())
+    save_file(opt_tensors, d / FILES[1])
+    save_file(torch_rng_state(), d / FILES[2])
+    state = {
+        "format": FORMAT,
+        "position": vars(pos),
+        "optimizer": opt_json,
+        "scheduler": {
+            "name": t.spec.lr_scheduler,
+            "warmup_steps": t.spec.warmup_steps,
+            "total_steps": t.total_steps,
+            "step": pos.step,
+        },
+        "grad_scaler": t.scaler.state_dict() if t.scaler else None,
+        "python_rng": _jsonable(random.getstate()),
+        "numpy_rng": _jsonable(np.random.get_state(legacy=True)),
+        "spec": t.spec.model_dump(mode="json"),
+    }
+    (d / FILES[3]).write_text(json.dumps(state))
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint, or None. Incomplete temp dirs are ignored."""
+    for path in sorted(list_checkpoints(root), reverse=True):
+        if _complete(path):
+            return path
+    return None
+
+
+def _complete(path: Path) -> bool:
+    return all((path / f).is_file() for f in FILES)
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name))
+
+
+def prune(root: Path, keep: int) -> None:
+    for old in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".tmp-step-*"):  # left by a process killed mid-write
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def load_checkpoint(path: Path, t: Trainer) -> Position:
+    """Restore weights, optimizer, grad scaler and RNGs into `t`; return the saved position."""
+    state = json.loads((path / FILES[3]).read_text())
+    if state.get("format") != FORMAT:
+        raise ValueError(f"checkpoint {path} has an unknown format")
+    if state["spec"] != t.spec.model_dump(mode="json"):
+        raise ValueError(f"checkpoint {path} was written for a different job spec")
+    weights = load_file(path / FILES[0])
+    params = dict(named_trainable(t))
+    if weights.keys() != params.keys():
+        raise ValueError(f"checkpoint {path} does not match the model's trainable parameters")
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(weights[name])
+    t.optimizer.load_state_dict(unflatten_optimizer_state(load_file(path / FILES[1]), state["optimizer"]))
+    if t.scaler and state["grad_scaler"]:
+        t.scaler.load_state_dict(state["grad_scaler"])
+    set_torch_rng_state(load_file(path / FILES[2]))
+    random.setstate(_tuples(state["python_rng"]))
+    np.random.set_state(_numpy_state(state["numpy_rng"]))
+    return Position(**state["position"])
+
+
+def named_trainable(t: Trainer) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(n, p) for n, p in t.model.named_parameters() if p.requires_grad]
+
+
+# Optimizer state: nested dicts of tensors and scalars -> {path: tensor} + JSON, and back.
+def flatten_optimizer_state(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(obj: Any, path: str) -> Any:
+        if isinstance(obj, torch.Tensor):
+            tensors[path] = obj.detach().cpu().contiguous()
+            return {"__tensor__": path}
+        if isinstance(obj, dict):
+            return {"__dict__": [[k, walk(v, f"{path}/{k}")] for k, v in obj.items()]}
+        if isinstance(obj, tuple):
+            return {"__tuple__": [walk(v, f"{path}/{i}") for i, v in enumerate(obj)]}
+        if isinstance(obj, list):
+            return [walk(v, f"{path}/{i}") for i, v in enumerate(obj)]
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            return obj
+        raise TypeError(f"cannot checkpoint optimizer state value of type {type(obj).__name__} at {path}")
+
+    return tensors, walk(sd, "")
+
+
+def unflatten_optimizer_state(tensors: dict[str, torch.Tensor], tree: Any) -> Any:
+    if isinstance(tree, list):
+        return [unflatten_optimizer_state(tensors, v) for v in tree]
+    if isinstance(tree, dict):
+        if "__tensor__" in tree:
+            return tensors[tree["__tensor__"]]
+        if "__tuple__" in tree:
+            return tuple(unflatten_optimizer_state(tensors, v) for v in tree["__tuple__"])
+        # keys keep their type (param ids are ints in torch's state_dict)
+        return {k: unflatten_optimizer_state(tensors, v) for k, v in tree["__dict__"]}
+    return tree
+
+
+def torch_rng_state() -> dict[str, torch.Tensor]:
+    states = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            states[f"cuda:{i}"] = s
+    return states
+
+
+def set_torch_rng_state(states: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(states["cpu"])
+    if torch.cuda.is_available():
+        cuda = [states[f"cuda:{i}"] for i in range(torch.cuda.device_count()) if f"cuda:{i}" in states]
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, (tuple, list)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def _tuples(obj: Any) -> Any:
+    return tuple(_tuples(v) for v in obj) if isinstance(obj, list) else obj
+
+
+def _numpy_state(obj: list[Any]) -> tuple[Any, ...]:
+    name, keys, pos, has_gauss, cached = obj
+    return (name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,159 @@
+"""Examples -> token ids + labels -> deterministic, length-grouped, resumable micro-batches.
+
+Labels use -100 for tokens that are not trained on (the prompt, system/user turns, assistant turns
+with weight 0). Chat and instruction examples are rendered through the tokenizer's chat template one
+message at a time: each message's text is the difference between the template rendered up to and
+including it and the template rendered up to it, so the pieces concatenate to exactly the full
+rendering and each token belongs to one message.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from core.examples import Example, Message, read_examples
+
+IGNORE = -100
+GROUP_BATCHES = 32  # micro-batches sorted by length together; bigger = less padding, less randomness
+
+
+class DatasetError(ValueError):
+    """The dataset cannot be trained on (empty, no target tokens, does not fit the template)."""
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    input_ids: list[int]
+    labels: list[int]
+
+    @property
+    def num_targets(self) -> int:
+        # The first label never has a predecessor, so it is never a target.
+        return sum(1 for x in self.labels[1:] if x != IGNORE)
+
+
+def tokenize_example(example: Example, tokenizer, max_seq_len: int) -> Tokenized:
+    """Token ids and labels of one example, truncated to max_seq_len."""
+    if example.format in ("chat", "instruction"):
+        pieces = render_chat_pieces(example.messages, tokenizer)
+    else:
+        pieces = _raw_pieces(example, tokenizer)
+    ids: list[int] = []
+    labels: list[int] = []
+    for piece_ids, trained in pieces:
+        ids.extend(piece_ids)
+        labels.extend(piece_ids if trained else [IGNORE] * len(piece_ids))
+    return Tokenized(ids[:max_seq_len], labels[:max_seq_len])
+
+
+def render_chat_pieces(messages: Sequence[Message], tokenizer) -> list[tuple[list[int], bool]]:
+    """Split the chat-template rendering into (token ids, trained) pieces, one or two per message.
+
+    An assistant message becomes its generation prompt (not trained) and its reply (trained when
+    weight is 1), so the trained tokens are exactly what the model must generate after the prompt,
+    including the end-of-turn marker.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise DatasetError(
+            "the base model has no chat template; use the prompt_completion or text format with it"
+        )
+    dicts = [{"role": m.role, "content": m.content} for m in messages]
+    pieces: list[tuple[str, bool]] = []
+    done = ""
+    for i, message in enumerate(messages):
+        if message.role == "assistant":
+            prompt = _render(tokenizer, dicts[:i], add_generation_prompt=True)
+            pieces.append((_suffix(prompt, done), False))
+            done = prompt
+        full = _render(tokenizer, dicts[: i + 1], add_generation_prompt=False)
+        pieces.append((_suffix(full, done), message.role == "assistant" and message.weight == 1))
+        done = full
+    return [(_encode(tokenizer, text), trained) for text, trained in pieces if text]
+
+
+def _render(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    if not messages and not add_generation_prompt:
+        return ""
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def _suffix(text: str, prefix: str) -> str:
+    if not text.startswith(prefix):
+        # e.g. templates that rewrite earlier turns (drop past reasoning): labels would be wrong.
+        raise DatasetError("the model's chat template does not render conversations prefix by prefix")
+    return text[len(prefix) :]
+
+
+def _raw_pieces(example: Example, tokenizer) -> list[tuple[list[int], bool]]:
+    """prompt_completion: prompt masked, completion + EOS trained. text: everything + EOS trained."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    pieces: list[tuple[list[int], bool]] = [(bos, False)] if bos else []
+    for m in example.messages:
+        pieces.append((_encode(tokenizer, m.content), m.weight == 1))
+    pieces.append((eos, True))
+    return pieces
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def load_dataset(path: Path, tokenizer, max_seq_len: int) -> tuple[list[Tokenized], int]:
+    """Tokenize a validated JSONL file. Returns the trainable examples and how many were dropped
+    because nothing was left to train on (e.g. the reply was truncated away)."""
+    try:
+        items = [tokenize_example(e, tokenizer, max_seq_len) for e in read_examples(path)]
+    except (ValueError, KeyError, TypeError) as e:
+        if isinstance(e, DatasetError):
+            raise
+        raise DatasetError(f"cannot read dataset: {e}") from e
+    kept = [t for t in items if t.num_targets > 0]
+    if not kept:
+        raise DatasetError("no example has tokens to train on (is max_seq_len too short?)")
+    return kept, len(items) - len(kept)
+
+
+def epoch_batches(lengths: Sequence[int], micro_batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """The micro-batches (lists of example indices) of one epoch, a pure function of its arguments.
+
+    A seeded permutation is cut into groups of GROUP_BATCHES micro-batches; each group is sorted by
+    length so a micro-batch holds similar lengths, and the group's batches are shuffled again so
+    long and short batches alternate.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(lengths)).tolist()
+    group = micro_batch_size * GROUP_BATCHES
+    batches: list[list[int]] = []
+    for start in range(0, len(order), group):
+        chunk = sorted(order[start : start + group], key=lambda i: (-lengths[i], i))
+        chunk_batches = [chunk[j : j + micro_batch_size] for j in range(0, len(chunk), micro_batch_size)]
+        batches.extend(chunk_batches[k] for k in rng.permutation(len(chunk_batches)).tolist())
+    return batches
+
+
+def batches_per_epoch(num_examples: int, micro_batch_size: int) -> int:
+    return math.ceil(num_examples / micro_batch_size)
+
+
+def collate(items: Iterable[Tokenized], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest item; padding has attention 0 and label -100."""
+    items = list(items)
+    width = max(len(t.input_ids) for t in items)
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(items), width), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    for row, t in enumerate(items):
+        n = len(t.input_ids)
+        ids[row, :n] = torch.tensor(t.input_ids)
+        labels[row, :n] = torch.tensor(t.labels)
+        mask[row, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}

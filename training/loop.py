@@ -1,0 +1,212 @@
+"""The training loop: explicit functions, no trainer class.
+
+An optimizer step takes up to `gradient_accumulation_steps` micro-batches from the current epoch (the
+last step of an epoch may take fewer). Its loss is the sum of the token losses of all its
+micro-batches divided by the number of target tokens in all of them, so accumulation gives the same
+gradient as one big batch, whatever the lengths.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from core.spec import JobSpec
+from training.data import IGNORE, Tokenized, batches_per_epoch, collate, epoch_batches
+
+
+@dataclass
+class Position:
+    """Where training is: resumable from these numbers alone (the data order is a pure function)."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    batch_index: int = 0  # next micro-batch within the epoch
+    tokens_seen: int = 0  # input tokens processed
+    elapsed_s: float = 0.0  # training time, summed over resumed runs
+    losses: list[float] = field(default_factory=list)  # loss of every step so far
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float
+    grad_norm: float
+    tokens: int  # input tokens (not padding) processed in the step
+    target_tokens: int  # tokens the loss is taken on
+    lr: float
+    epoch_ended: bool
+
+
+@dataclass
+class Trainer:
+    """What the loop needs, gathered once by training.run (a record, not a class hierarchy)."""
+
+    spec: JobSpec
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    params: list[torch.nn.Parameter]
+    items: Sequence[Tokenized]
+    pad_id: int
+    device: torch.device
+    total_steps: int
+    autocast: Callable[[], AbstractContextManager] = nullcontext
+    scaler: torch.amp.GradScaler | None = None
+    _orders: dict[int, list[list[int]]] = field(default_factory=dict, repr=False)
+
+    def epoch_order(self, epoch: int) -> list[list[int]]:
+        if epoch not in self._orders:
+            lengths = [len(x.input_ids) for x in self.items]
+            self._orders = {epoch: epoch_batches(lengths, self.spec.micro_batch_size, self.spec.seed, epoch)}
+        return self._orders[epoch]
+
+
+def total_steps(spec: JobSpec, num_examples: int) -> int:
+    if spec.max_steps is not None:
+        return spec.max_steps
+    per_epoch = math.ceil(
+        batches_per_epoch(num_examples, spec.micro_batch_size) / spec.gradient_accumulation_steps
+    )
+    return spec.epochs * per_epoch
+
+
+def make_optimizer(spec: JobSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    kwargs = {"lr": spec.learning_rate, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": spec.weight_decay}
+    if spec.optimizer == "adamw":
+        return torch.optim.AdamW(params, **kwargs)
+    import bitsandbytes as bnb
+
+    if spec.optimizer == "adamw_8bit":
+        return bnb.optim.AdamW8bit(params, **kwargs)
+    return bnb.optim.PagedAdamW8bit(params, **kwargs)
+
+
+def lr_at(spec: JobSpec, step: int, total: int) -> float:
+    """Learning rate of the optimizer step that follows `step` completed steps.
+
+    Warmup ramps linearly so the first step already moves (lr/warmup, not 0); decay then goes
+    linearly or along a half cosine towards 0 at `total`.
+    """
+    if step < spec.warmup_steps:
+        return spec.learning_rate * (step + 1) / spec.warmup_steps
+    if spec.lr_scheduler == "constant":
+        return spec.learning_rate
+    progress = (step - spec.warmup_steps) / max(1, total - spec.warmup_steps)
+    if spec.lr_scheduler == "linear":
+        return spec.learning_rate * max(0.0, 1.0 - progress)
+    return spec.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def take_step_batches(t: Trainer, pos: Position) -> tuple[list[list[int]], bool]:
+    """The micro-batches of the next optimizer step (lists of example indices), and whether they
+    finish the epoch. Advances `pos` past them."""
+    order = t.epoch_order(pos.epoch)
+    chosen = order[pos.batch_index : pos.batch_index + t.spec.gradient_accumulation_steps]
+    pos.batch_index += len(chosen)
+    ended = pos.batch_index >= len(order)
+    if ended:
+        pos.epoch += 1
+        pos.batch_index = 0
+    return chosen, ended
+
+
+def count_targets(batch: dict[str, torch.Tensor]) -> int:
+    return int((batch["labels"][:, 1:] != IGNORE).sum())
+
+
+def token_loss_sum(t: Trainer, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Sum (not mean) of the next-token cross-entropies of a micro-batch's target tokens, in fp32."""
+    batch = {k: v.to(t.device) for k, v in batch.items()}
+    with t.autocast():
+        logits = t.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    shifted = logits[:, :-1].float()
+    return F.cross_entropy(
+        shifted.reshape(-1, shifted.size(-1)),
+        batch["labels"][:, 1:].reshape(-1),
+        ignore_index=IGNORE,
+        reduction="sum",
+    )
+
+
+def accumulate_gradients(t: Trainer, micro_batches: list[dict[str, torch.Tensor]]) -> tuple[float, int]:
+    """Backward over all micro-batches of one optimizer step; gradients end up normalised by the
+    step's total target tokens. Returns (mean token loss, target tokens)."""
+    tokens = sum(count_targets(b) for b in micro_batches)
+    loss_sum = 0.0
+    for batch in micro_batches:
+        loss = token_loss_sum(t, batch) / tokens
+        (t.scaler.scale(loss) if t.scaler else loss).backward()
+        loss_sum += loss.item()
+    return loss_sum, tokens
+
+
+def optimizer_step(t: Trainer, lr: float) -> float:
+    """Clip, step and zero the gradients; returns the gradient norm before clipping."""
+    if t.scaler:
+        t.scaler.unscale_(t.optimizer)
+    limit = t.spec.max_grad_norm if t.spec.max_grad_norm is not None else math.inf
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(t.params, limit))
+    for group in t.optimizer.param_groups:
+        group["lr"] = lr
+    if t.scaler:
+        t.scaler.step(t.optimizer)
+        t.scaler.update()
+    else:
+        t.optimizer.step()
+    t.optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
+def train_step(t: Trainer, pos: Position) -> StepResult:
+    """One optimizer step at `pos`; advances `pos`."""
+    indices, ended = take_step_batches(t, pos)
+    micro_batches = [collate([t.items[i] for i in idx], t.pad_id) for idx in indices]
+    lr = lr_at(t.spec, pos.step, t.total_steps)
+    loss, targets = accumulate_gradients(t, micro_batches)
+    grad_norm = optimizer_step(t, lr)
+    tokens = sum(int(b["attention_mask"].sum()) for b in micro_batches)
+    pos.step += 1
+    pos.tokens_seen += tokens
+    pos.losses.append(loss)
+    return StepResult(loss, grad_norm, tokens, targets, lr, ended)
+
+
+def train(
+    t: Trainer,
+    pos: Position,
+    on_step: Callable[[StepResult, Position, float], None],
+    on_checkpoint: Callable[[Position], None],
+    should_stop: Callable[[], bool],
+    measure: Callable[[], AbstractContextManager] = nullcontext,
+) -> bool:
+    """Run optimizer steps until total_steps (returns True) or a stop request (returns False).
+
+    Checkpoints every checkpoint_every_steps steps, at each epoch end, at the end and on stop.
+    `on_step` gets the step's wall time; `measure` wraps each step (memory tracking).
+    """
+    t.model.train()
+    every = t.spec.checkpoint_every_steps
+    ran = False
+    while pos.step < t.total_steps:
+        if should_stop():
+            if ran:  # else the state is the one resumed from (or the initial one): nothing to save
+                on_checkpoint(pos)
+            return False
+        start = time.perf_counter()
+        with measure():
+            result = train_step(t, pos)
+        seconds = time.perf_counter() - start
+        pos.elapsed_s += seconds
+        ran = True
+        on_step(result, pos, seconds)
+        if pos.step >= t.total_steps or result.epoch_ended or (every and pos.step % every == 0):
+            on_checkpoint(pos)
+    if should_stop():
+        on_checkpoint(pos)  # a no-op when the last step was just saved
+        return False
+    return True

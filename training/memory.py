@@ -1,0 +1,149 @@
+"""Peak memory of the training steps, comparable with the planner's estimate.
+
+CUDA: `torch.cuda.max_memory_allocated()` (bytes held by tensors through the caching allocator).
+
+CPU: there is no allocator statistic, so a step is measured with torch's profiler in memory mode,
+which reports every allocation and free made through the c10 CPU allocator, i.e. every tensor
+storage, including temporaries inside kernels and autograd's buffers. The peak of a measured step is
+
+    bytes live when the step starts: parameters + buffers (incl. 4-bit quantisation states)
+                                     + gradients + optimizer states (deduplicated by storage)
+  + the highest running sum of allocations minus frees during the step: activations, temporaries,
+    gradients, optimizer states created on the first step, logits and loss.
+
+Not counted: memory outside torch's allocator (Python objects, numpy, the CUDA/MKL runtimes, the
+file cache) and allocator fragmentation, which a process's RSS would include. Profiling costs a
+little per op, so only the first MEASURED_STEPS steps of a process are measured; later steps report
+the highest value seen (the peak is reached by step 2, once the optimizer states exist).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+MEASURED_STEPS = 3
+
+
+class PeakMemory:
+    def __init__(self, device: torch.device, measured_steps: int = MEASURED_STEPS) -> None:
+        self.device = device
+        self.measured_steps = measured_steps
+        self.steps_measured = 0
+        self.peak_bytes = 0
+
+    @contextmanager
+    def step(self, live_tensors: Iterable[torch.Tensor]) -> Iterator[None]:
+        """Measure one optimizer step (if still measuring); `live_tensors` are the ones that
+        exist before the step starts and stay (weights, grads, optimizer states)."""
+        if self.device.type == "cuda":
+            yield
+            self.peak_bytes = max(self.peak_bytes, torch.cuda.max_memory_allocated(self.device))
+            return
+        if self.steps_measured >= self.measured_steps:
+            yield
+            return
+        base = storage_bytes(live_tensors)
+        with _profile_allocations() as deltas:
+            yield
+        peak = running_peak(deltas)
+        self.steps_measured += 1
+        self.peak_bytes = max(self.peak_bytes, base + peak)
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind these tensors (views and shared weights count once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t.device.type == "meta":
+            continue
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
+    return sum(seen.values())
+
+
+def running_peak(deltas: Iterable[int]) -> int:
+    total = peak = 0
+    for d in deltas:
+        total += d
+        peak = max(peak, total)
+    return peak
+
+
+def model_state_tensors(model, optimizer) -> Iterator[torch.Tensor]:
+    """Everything that lives across steps: parameters, buffers, grads, quant states, optimizer states."""
+    for p in model.parameters():
+        yield p
+        if p.grad is not None:
+            yield p.grad
+        qs = getattr(p, "quant_state", None)
+        if qs is not None:
+            yield from _tensors_in(vars(qs))
+    yield from model.buffers()
+    for state in optimizer.state.values():
+        yield from _tensors_in(state)
+
+
+def _tensors_in(obj, depth: int = 0) -> Iterator[torch.Tensor]:
+    if depth > 3:
+        return
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors_in(v, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors_in(v, depth + 1)
+    elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("bitsandbytes"):
+        yield from _tensors_in(vars(obj), depth + 1)
+
+
+@contextmanager
+def _profile_allocations() -> Iterator[list[int]]:
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    deltas: list[int] = []
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with warnings.catch_warnings():
+        # Frees of blocks allocated before profiling are skipped (they are in `base`); torch says so.
+        warnings.filterwarnings("ignore", message=".*allocated before the profiling started.*")
+        with _quiet_stderr():
+            prof.start()
+        try:
+            yield deltas
+        finally:
+            with _quiet_stderr():
+                prof.stop()
+    events = [
+        n
+        for n in _walk(prof.profiler.kineto_results.experimental_event_tree())
+        if n.tag == _EventType.Allocation and n.extra_fields.device.type == "cpu"
+    ]
+    events.sort(key=lambda n: n.start_time_ns)
+    deltas.extend(n.extra_fields.alloc_size for n in events)
+
+
+def _walk(nodes):
+    for n in nodes:
+        yield n
+        yield from _walk(n.children)
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Kineto prints start/stop banners straight to fd 2; keep them out of the training log."""
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)

@@ -1,0 +1,275 @@
+"""`python -m training.run <run.json>`: train one job, resuming from its newest checkpoint.
+
+Exit codes: 0 done (output_dir/adapter/ written), 1 failed (output_dir/error.json written),
+3 stopped by SIGTERM after finishing the current step and saving a checkpoint (nothing more written).
+Progress goes to stderr; metrics to output_dir/metrics.jsonl. No API, Celery or database imports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+from typing import Protocol
+
+EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 3
+log = logging.getLogger("ftune.training")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m training.run <run.json>", file=sys.stderr)
+        return 2
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network, even by accident
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    from core.spec import RunConfig
+
+    config = RunConfig.model_validate_json(Path(argv[0]).read_text())
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    return run(config, stop)
+
+
+class StopFlag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+def run(config, stop: StopFlag | None = None) -> int:
+    """Train `config` (a core.spec.RunConfig) until done or `stop` is set; returns the exit code."""
+    from core.storage import ERROR_FILE, atomic_write_text
+
+    stop = stop or threading.Event()
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ERROR_FILE).unlink(missing_ok=True)  # from an earlier attempt of this job
+    try:
+        return _train(config, stop)
+    except Exception as e:
+        code, message = classify_error(e)
+        log.error("training failed (%s)\n%s", code, traceback.format_exc())
+    atomic_write_text(out / ERROR_FILE, json.dumps({"code": code, "message": message[:2000]}))
+    return EXIT_FAILED
+
+
+def classify_error(e: BaseException) -> tuple[str, str]:
+    """The stable code and message error.json reports for a failure."""
+    import torch
+
+    from training.data import DatasetError
+
+    if isinstance(e, DatasetError):
+        return "invalid_dataset", str(e)
+    if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+        return "out_of_memory", f"out of memory: {e}"
+    return "training_error", f"{type(e).__name__}: {e}"
+
+
+def _train(config, stop: StopFlag) -> int:
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from core.storage import ADAPTER_DIR, CHECKPOINTS_DIR, METRICS_FILE
+    from training import checkpoint, data, loop, memory, metrics, model
+
+    hf_logging.disable_progress_bar()
+    spec, out = config.spec, Path(config.output_dir)
+    seed_everything(spec.seed)
+    device = model.pick_device()
+    log.info("job %s: %s on %s, base %s", config.job_id, spec.method, device, config.model_dir)
+
+    tokenizer = model.load_tokenizer(Path(config.model_dir))
+    items, dropped = data.load_dataset(Path(config.dataset_path), tokenizer, spec.max_seq_len)
+    log.info("dataset: %d examples (%d dropped: nothing to train on after truncation)", len(items), dropped)
+
+    torch.manual_seed(spec.seed)  # LoRA init
+    net = model.load_model(spec, Path(config.model_dir), device)
+    params = [p for _, p in model.trainable_parameters(net)]
+    fp16 = spec.mixed_precision == "fp16"
+    t = loop.Trainer(
+        spec=spec,
+        model=net,
+        optimizer=loop.make_optimizer(spec, params),
+        params=params,
+        items=items,
+        pad_id=_pad_id(tokenizer),
+        device=device,
+        total_steps=loop.total_steps(spec, len(items)),
+        autocast=lambda: model.autocast_for(spec, device),
+        scaler=torch.amp.GradScaler(device.type) if fp16 else None,
+    )
+
+    ckpt_root = out / CHECKPOINTS_DIR
+    latest = checkpoint.latest_checkpoint(ckpt_root)
+    pos = checkpoint.load_checkpoint(latest, t) if latest else loop.Position()
+    if latest:
+        log.info("resumed from %s", latest)
+    writer = metrics.MetricsWriter(out / METRICS_FILE)
+    writer.write(
+        {
+            "type": "start",
+            "total_steps": t.total_steps,
+            "num_examples": len(items),
+            "trainable_params": sum(p.numel() for p in params),
+            "resumed_from_step": pos.step,
+        }
+    )
+    tracker = memory.PeakMemory(device)
+    per_epoch = data.batches_per_epoch(len(items), spec.micro_batch_size)
+    saved = {pos.step} if latest else set()
+
+    def on_step(r: loop.StepResult, p: loop.Position, seconds: float) -> None:
+        rec = metrics.step_record(
+            step=p.step,
+            total_steps=t.total_steps,
+            epoch=p.epoch + p.batch_index / per_epoch,
+            loss=r.loss,
+            lr=r.lr,
+            grad_norm=r.grad_norm,
+            tokens=r.tokens,
+            step_seconds=seconds,
+            elapsed_s=p.elapsed_s,
+            peak_mem_bytes=tracker.peak_bytes,
+        )
+        writer.write({**rec, "target_tokens": r.target_tokens})
+        log.info(
+            "step %d/%d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s peak %.1f MiB eta %ss",
+            p.step, t.total_steps, r.loss, r.lr, r.grad_norm, rec["tokens_per_s"] or 0,
+            tracker.peak_bytes / 2**20, rec["eta_s"],
+        )  # fmt: skip
+
+    def on_checkpoint(p: loop.Position) -> None:
+        if p.step in saved:
+            return
+        path = checkpoint.save_checkpoint(ckpt_root, t, p)
+        saved.add(p.step)
+        writer.write({"type": "checkpoint", "step": p.step, "path": str(path)})
+        log.info("checkpoint %s", path)
+
+    def measure():
+        return tracker.step(memory.model_state_tensors(net, t.optimizer))
+
+    finished = loop.train(t, pos, on_step, on_checkpoint, stop.is_set, measure)
+    if not finished:
+        log.info("stopped at step %d; exiting with code %d", pos.step, EXIT_STOPPED)
+        writer.close()
+        return EXIT_STOPPED
+
+    adapter_dir = out / ADAPTER_DIR
+    final_loss = pos.losses[-1] if pos.losses else None
+    save_adapter(net, adapter_dir, config, final_loss=final_loss, pos=pos, peak=tracker.peak_bytes)
+    writer.write(
+        {"type": "done", "step": pos.step, "final_loss": final_loss, "adapter_dir": str(adapter_dir)}
+    )
+    writer.close()
+    log.info("done: %d steps, final loss %s, adapter at %s", pos.step, final_loss, adapter_dir)
+    return EXIT_OK
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _pad_id(tokenizer) -> int:
+    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if tid is not None:
+            return int(tid)
+    return 0
+
+
+def save_adapter(net, adapter_dir: Path, config, *, final_loss, pos, peak: int) -> None:
+    """peft's safetensors adapter + adapter_config.json + a model card, renamed into place."""
+    adapter_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=adapter_dir.parent, prefix=".tmp-adapter-"))
+    try:
+        net.save_pretrained(tmp, safe_serialization=True)
+        cfg_path = tmp / "adapter_config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["base_model_name_or_path"] = config.spec.base_model  # a name, not this server's path
+        cfg_path.write_text(json.dumps(cfg, indent=2))
+        (tmp / "README.md").write_text(model_card(config, final_loss=final_loss, pos=pos, peak=peak))
+        if adapter_dir.exists():
+            shutil.rmtree(adapter_dir)
+        os.replace(tmp, adapter_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def model_card(config, *, final_loss, pos, peak: int) -> str:
+    import bitsandbytes
+    import peft
+    import torch
+    import transformers
+
+    spec = config.spec
+    versions = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "bitsandbytes": bitsandbytes.__version__,
+    }
+    final = {
+        "steps": pos.step,
+        "final_loss": final_loss,
+        "first_loss": pos.losses[0] if pos.losses else None,
+        "tokens_seen": pos.tokens_seen,
+        "train_seconds": round(pos.elapsed_s, 1),
+        "peak_mem_bytes": peak,
+    }
+    return "\n".join(
+        [
+            f"# LoRA adapter for {spec.base_model}",
+            "",
+            f"Trained by ftune, job `{config.job_id}`, method `{spec.method}`, seed {spec.seed}.",
+            "",
+            f"Dataset `{spec.dataset_id}`, sha256 `{file_sha256(Path(config.dataset_path))}`.",
+            "",
+            "```python",
+            "from peft import PeftModel",
+            f"model = PeftModel.from_pretrained(base_model, 'path/to/this/dir')  # base: {spec.base_model}",
+            "```",
+            "",
+            "## Spec",
+            "```json",
+            json.dumps(spec.model_dump(mode="json"), indent=2),
+            "```",
+            "## Final metrics",
+            "```json",
+            json.dumps(final, indent=2),
+            "```",
+            "## Library versions",
+            "```json",
+            json.dumps(versions, indent=2),
+            "```",
+            "",
+        ]
+    )
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""Runs one job: claim it, launch training in a subprocess, relay progress, record the outcome.
+
+Redelivery is safe: the claim is a compare-and-set, so a second message for the same job does nothing.
+The lease is extended on every progress tick; a stale worker's writes are refused (attempt fencing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.catalog import Catalog
+from core.settings import Settings
+from core.spec import JobSpec, RunConfig
+from core.states import JobStatus
+from core.storage import Storage, atomic_write_text, new_id
+from models import datasets as datasets_db
+from models import jobs as jobs_db
+from models import workers as workers_db
+from models.db import session_scope
+from worker.artifacts import build_adapter_archive, sha256_dir, sha256_file
+from worker.progress import MetricsTail, progress_values
+
+log = logging.getLogger(__name__)
+
+EXIT_STOPPED = 3  # training.run saved a checkpoint after SIGTERM and stopped
+PR_SET_PDEATHSIG = 1
+NO_RETRY_CODES = {"out_of_memory", "invalid_dataset", "invalid_spec"}
+
+# Set when the worker process is shutting down: running jobs checkpoint, stop and go back to the queue.
+shutting_down = threading.Event()
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class JobRunner:
+    def __init__(
+        self,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        enqueue: Callable[[str], bool],
+        command: Callable[[Path], list[str]] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.enqueue = enqueue
+        self.storage = Storage(settings.data_dir)
+        self.catalog = Catalog(settings.models_dir, settings.hf_cache_dir)
+        self.command = command or training_command
+        self.me = settings.worker_name or worker_id()
+
+    def run(self, job_id: str) -> str:
+        with session_scope(self.sessions) as s:
+            attempt = jobs_db.claim(s, job_id, self.me, self.settings.lease_seconds)
+        if attempt is None:
+            log.info("job %s is not claimable (duplicate message, cancelled or finished); skipping", job_id)
+            return "skipped"
+        log.info("job %s: attempt %d claimed by %s", job_id, attempt, self.me)
+        self._set_current_job(job_id)
+        try:
+            run_json = self._write_run_config(job_id)
+            return self._supervise(job_id, attempt, run_json)
+        except Exception as e:
+            log.exception("job %s: internal error", job_id)
+            self._finish(job_id, attempt, JobStatus.FAILED, "internal error", ("internal_error", str(e)))
+            return "failed"
+        finally:
+            self._set_current_job(None)
+
+    def _set_current_job(self, job_id: str | None) -> None:
+        with session_scope(self.sessions) as s:
+            workers_db.set_current_job(s, self.me, job_id)
+
+    def _write_run_config(self, job_id: str) -> Path:
+        with session_scope(self.sessions) as s:
+            job = jobs_db.get_job(s, job_id)
+            assert job is not None
+            spec = JobSpec.model_validate(job.spec)
+            dataset = datasets_db.get_dataset(s, spec.dataset_id)
+            mapping = dataset.report.get("column_mapping") if dataset else None
+        model = self.catalog.get(spec.base_model)
+        config = RunConfig(
+            job_id=job_id,
+            spec=spec,
+            model_dir=str(model.path),
+            dataset_path=str(self.storage.dataset_path(spec.dataset_id)),
+            output_dir=str(self.storage.job_dir(job_id)),
+            column_mapping=mapping,
+        )
+        path = self.storage.run_config_path(job_id)
+        atomic_write_text(path, config.model_dump_json(indent=2))
+        self.storage.error_path(job_id).unlink(missing_ok=True)  # from an earlier attempt
+        return path
+
+    def _supervise(self, job_id: str, attempt: int, run_json: Path) -> str:
+        tail = MetricsTail(self.storage.metrics_path(job_id))
+        tail.read_new()  # skip records of earlier attempts
+        with self.storage.log_path(job_id).open("ab") as logf:
+            proc = subprocess.Popen(
+                self.command(run_json),
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C on the terminal reaches us, not the trainer
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                preexec_fn=_stop_when_parent_dies,
+            )
+        with session_scope(self.sessions) as s:
+            msg = f"training process {proc.pid} started"
+            jobs_db.add_event(s, job_id, "process_started", msg, {"pid": proc.pid, "attempt": attempt})
+        stop_sent = False
+        owned = True
+        while proc.poll() is None:
+            time.sleep(self.settings.progress_interval_seconds)
+            owned = self._relay(job_id, attempt, tail.read_new())
+            if not stop_sent and (not owned or shutting_down.is_set() or self._cancel_requested(job_id)):
+                proc.send_signal(signal.SIGTERM)
+                stop_sent = True
+        owned = self._relay(job_id, attempt, tail.read_new()) and owned
+        if not owned:
+            log.warning("job %s: attempt %d lost its lease; another worker owns it now", job_id, attempt)
+            return "lost"
+        return self._outcome(job_id, attempt, proc.returncode)
+
+    def _cancel_requested(self, job_id: str) -> bool:
+        with session_scope(self.sessions) as s:
+            return jobs_db.cancel_requested(s, job_id)
+
+    def _relay(self, job_id: str, attempt: int, records: list[dict[str, Any]]) -> bool:
+        """Store progress and checkpoint records; extend the lease. False if the job is no longer ours."""
+        progress: dict[str, Any] = {}
+        with session_scope(self.sessions) as s:
+            for rec in records:
+                kind = rec.get("type")
+                if kind == "step":
+                    progress.update(progress_values(rec))
+                elif kind == "start":
+                    progress["total_steps"] = rec.get("total_steps")
+                    resumed = rec.get("resumed_from_step") or 0
+                    msg = f"training resumed from step {resumed}" if resumed else "training started"
+                    jobs_db.add_event(s, job_id, "training_started", msg, rec)
+                elif kind == "checkpoint":
+                    self._register_checkpoint(s, job_id, rec)
+            return jobs_db.heartbeat(s, job_id, attempt, self.settings.lease_seconds, **progress)
+
+    def _register_checkpoint(self, s: Session, job_id: str, rec: dict[str, Any]) -> None:
+        path = Path(rec["path"])
+        job_dir = self.storage.job_dir(job_id)
+        if not path.is_dir() or job_dir not in path.parents:
+            return  # pruned already, or not ours
+        size, digest = sha256_dir(path)
+        relpath = path.relative_to(job_dir).as_posix()
+        jobs_db.add_artifact(s, new_id(), job_id, "checkpoint", relpath, size, digest, rec.get("step"))
+        jobs_db.add_event(s, job_id, "checkpoint_saved", f"checkpoint at step {rec.get('step')}", rec)
+
+    def _outcome(self, job_id: str, attempt: int, rc: int) -> str:
+        if rc == 0:
+            archive = build_adapter_archive(self.storage.job_dir(job_id))
+            with session_scope(self.sessions) as s:
+                jobs_db.add_artifact(
+                    s,
+                    new_id(),
+                    job_id,
+                    "adapter",
+                    archive.name,
+                    archive.stat().st_size,
+                    sha256_file(archive),
+                    None,
+                )
+            self._finish(job_id, attempt, JobStatus.SUCCEEDED, "training finished; adapter ready")
+            return "succeeded"
+        if rc == EXIT_STOPPED and self._cancel_requested(job_id):
+            self._finish(job_id, attempt, JobStatus.CANCELLED, "cancelled; checkpoint saved")
+            return "cancelled"
+        if rc == EXIT_STOPPED:
+            self._finish(job_id, attempt, JobStatus.QUEUED, "worker shutting down; will resume later")
+            self.enqueue(job_id)
+            return "requeued"
+        code, message = self._read_error(job_id, rc)
+        if code not in NO_RETRY_CODES and self._attempts_left(job_id, attempt):
+            self._finish(job_id, attempt, JobStatus.QUEUED, f"attempt {attempt} failed ({message}); retrying")
+            self.enqueue(job_id)
+            return "retrying"
+        self._finish(job_id, attempt, JobStatus.FAILED, message, (code, message))
+        return "failed"
+
+    def _attempts_left(self, job_id: str, attempt: int) -> bool:
+        with session_scope(self.sessions) as s:
+            job = jobs_db.get_job(s, job_id)
+            return job is not None and attempt < job.max_attempts
+
+    def _read_error(self, job_id: str, rc: int) -> tuple[str, str]:
+        try:
+            err = json.loads(self.storage.error_path(job_id).read_text())
+            return str(err["code"]), str(err["message"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        if rc < 0:
+            name = signal.Signals(-rc).name
+            hint = " (the kernel's out-of-memory killer sends SIGKILL)" if rc == -signal.SIGKILL else ""
+            return "training_killed", f"training process was killed by {name}{hint}"
+        return "training_error", f"training process exited with code {rc}; see the job log"
+
+    def _finish(
+        self, job_id: str, attempt: int, status: JobStatus, message: str, error: tuple[str, str] | None = None
+    ) -> None:
+        with session_scope(self.sessions) as s:
+            if not jobs_db.finish(s, job_id, attempt, status, message, error):
+                log.warning(
+                    "job %s: attempt %d no longer owns the job; outcome %s dropped", job_id, attempt, status
+                )
+                return
+            if status == JobStatus.QUEUED:
+                jobs_db.mark_enqueued(s, job_id)
+        log.info("job %s: %s (%s)", job_id, status, message)
+
+
+def _stop_when_parent_dies() -> None:
+    """In the child: SIGTERM it if the worker dies, so no orphan trains on beside a retry (Linux only)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def training_command(run_json: Path) -> list[str]:
+    return [sys.executable, "-m", "training.run", str(run_json)]

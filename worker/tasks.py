@@ -1,0 +1,83 @@
+"""Celery tasks: translate a message into a call, nothing more."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from functools import lru_cache
+from typing import Any
+
+from celery.signals import worker_ready, worker_shutting_down
+
+from core.settings import get_settings
+from models import workers as workers_db
+from models.db import make_engine, make_session_factory, session_scope
+from worker import runner
+from worker.celery_app import QUEUE, REAP, RUN_JOB, app
+from worker.devices import detect_devices
+from worker.queue import CeleryEnqueuer
+from worker.reaper import reap
+
+log = logging.getLogger(__name__)
+
+
+@lru_cache
+def _runner() -> runner.JobRunner:
+    settings = get_settings()
+    sessions = make_session_factory(make_engine(settings.resolved_database_url))
+    return runner.JobRunner(settings, sessions, CeleryEnqueuer(app))
+
+
+def _queue_depth() -> int | None:
+    try:
+        with app.connection_for_write() as conn:
+            return int(conn.default_channel.client.llen(QUEUE))
+    except Exception:
+        return None  # unknown: do not re-send
+
+
+@app.task(name=RUN_JOB, acks_late=True)
+def run_job(job_id: str) -> str:
+    return _runner().run(job_id)
+
+
+@app.task(name=REAP)
+def reap_now() -> dict[str, int]:
+    r = _runner()
+    return reap(r.sessions, r.enqueue, _queue_depth, r.settings.resend_after_seconds)
+
+
+def _tick() -> None:
+    r = _runner()
+    with session_scope(r.sessions) as s:
+        workers_db.heartbeat(s, r.me)
+    reap_now()
+
+
+def _tick_forever(stop: threading.Event, interval: float) -> None:
+    while not stop.wait(interval):
+        try:
+            _tick()
+        except Exception:
+            log.exception("worker heartbeat or reaper pass failed")
+
+
+@worker_ready.connect
+def _on_ready(**_: Any) -> None:
+    r = _runner()
+    devices = detect_devices(r.settings.worker_devices)
+    with session_scope(r.sessions) as s:
+        workers_db.register(s, r.me, runner.socket.gethostname(), devices)
+    log.info("worker %s registered with devices %s", r.me, devices)
+    reap_now()  # at start: jobs of a worker that died while we were down
+    interval = r.settings.reaper_interval_seconds
+    threading.Thread(target=_tick_forever, args=(runner.shutting_down, interval), daemon=True).start()
+
+
+@worker_shutting_down.connect
+def _on_shutdown(**_: Any) -> None:
+    # Running jobs checkpoint, stop and go back to the queue instead of blocking shutdown for hours.
+    runner.shutting_down.set()
+    r = _runner()
+    with session_scope(r.sessions) as s:
+        workers_db.mark_stopped(s, r.me)
