@@ -70,7 +70,9 @@ def classify_error(e: BaseException) -> tuple[str, str]:
 
     if isinstance(e, DatasetError):
         return "invalid_dataset", str(e)
-    if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+    # CPU allocation failures are plain RuntimeErrors from c10's allocator.
+    cpu_oom = isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
+    if isinstance(e, (torch.OutOfMemoryError, MemoryError)) or cpu_oom:
         return "out_of_memory", f"out of memory: {e}"
     return "training_error", f"{type(e).__name__}: {e}"
 

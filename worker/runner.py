@@ -192,12 +192,26 @@ class JobRunner:
             self.enqueue(job_id)
             return "requeued"
         code, message = self._read_error(job_id, rc)
+        if code == "out_of_memory":
+            message += self._memory_note(job_id)
         if code not in NO_RETRY_CODES and self._attempts_left(job_id, attempt):
             self._finish(job_id, attempt, JobStatus.QUEUED, f"attempt {attempt} failed ({message}); retrying")
             self.enqueue(job_id)
             return "retrying"
         self._finish(job_id, attempt, JobStatus.FAILED, message, (code, message))
         return "failed"
+
+    def _memory_note(self, job_id: str) -> str:
+        """The planner's prediction beside the measured peak, so an OOM says how far off the plan was."""
+        with session_scope(self.sessions) as s:
+            job = jobs_db.get_job(s, job_id)
+            predicted = job.predicted_peak_bytes if job else None
+            measured = job.peak_mem_bytes if job else None
+        gib = 2**30
+        parts = [f"planner predicted {predicted / gib:.2f} GiB" if predicted else "no planner prediction"]
+        if measured:
+            parts.append(f"measured peak before the failure {measured / gib:.2f} GiB")
+        return f" ({'; '.join(parts)})"
 
     def _attempts_left(self, job_id: str, attempt: int) -> bool:
         with session_scope(self.sessions) as s:

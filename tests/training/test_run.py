@@ -139,6 +139,12 @@ def test_error_codes() -> None:
     assert classify_error(RuntimeError("boom")) == ("training_error", "RuntimeError: boom")
 
 
+def test_a_real_cpu_allocation_failure_is_out_of_memory() -> None:
+    with pytest.raises(RuntimeError) as failed:
+        torch.empty(2**50, dtype=torch.uint8)  # 1 PiB: the allocator refuses it
+    assert classify_error(failed.value)[0] == "out_of_memory"
+
+
 def test_training_does_not_import_service_packages() -> None:
     modules = (
         "training.run, training.loop, training.checkpoint, training.model, training.data, training.memory"
