@@ -21,20 +21,20 @@ from models.tables import Dataset
 log = logging.getLogger(__name__)
 
 
-def check_dataset(session: Session, dataset_id: str, tenant_id: str) -> Dataset:
+def check_dataset(session: Session, dataset_id: str, tenant_id: str, param: str = "dataset_id") -> Dataset:
     """The caller's own valid dataset (even an admin trains only on its own tenant's data)."""
     ds = datasets_db.get_dataset(session, dataset_id, tenant_id)
     if ds is None:
         raise InvalidInput(
             f"dataset {dataset_id!r} does not exist; upload one with POST /datasets",
             code="dataset_not_found",
-            param="dataset_id",
+            param=param,
         )
     if ds.status != "valid":
         raise InvalidInput(
             f"dataset {dataset_id!r} is invalid and cannot be trained on; see GET /datasets/{ds.id}",
             code="dataset_invalid",
-            param="dataset_id",
+            param=param,
         )
     return ds
 
@@ -64,6 +64,8 @@ def make_plan(
 def admit(session: Session, services: Services, spec: JobSpec, tenant_id: str) -> Plan | None:
     """Raise a clear error for a job that cannot run; return the plan it was admitted on."""
     check_dataset(session, spec.dataset_id, tenant_id)
+    if spec.validation_dataset_id:
+        check_dataset(session, spec.validation_dataset_id, tenant_id, param="validation_dataset_id")
     plan = make_plan(session, services, spec, None, tenant_id)
     if spec.method == "full":
         raise Unsupported(

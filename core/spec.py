@@ -47,10 +47,27 @@ class JobSpec(BaseModel):
     learning_rate: float = Field(2e-4, gt=0, le=1.0)
     lr_scheduler: Scheduler = "linear"
     warmup_steps: int = Field(0, ge=0, le=1_000_000)
+    warmup_ratio: float | None = Field(
+        None, ge=0, lt=1, description="Warmup as a fraction of the total steps; overrides warmup_steps."
+    )
     weight_decay: float = Field(0.0, ge=0, le=10)
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip gradients to this norm; null: off.")
     optimizer: Optimizer = "adamw"
     seed: int = Field(42, ge=0, le=2**32 - 1)
+
+    # Evaluation on a held-out split: a fraction of the training file, or a second uploaded dataset.
+    validation_fraction: float = Field(0.0, ge=0, le=0.5, description="Hold out this share for eval.")
+    validation_dataset_id: str | None = Field(None, description="A valid dataset to evaluate on.")
+    eval_every_steps: int = Field(
+        0, ge=0, le=10_000_000, description="0: evaluate at each epoch end and at the end."
+    )
+    early_stopping_patience: int | None = Field(
+        None, ge=1, le=1000, description="Stop after this many evaluations without a better eval loss."
+    )
+    early_stopping_min_delta: float = Field(0.0, ge=0, description="Smallest eval-loss drop that counts.")
+    export: Literal["adapter", "merged"] = Field(
+        "adapter", description="merged: also export the base model with the adapter merged in."
+    )
 
     # None means the method's default: on for qlora, off otherwise.
     gradient_checkpointing: bool | None = None
@@ -75,6 +92,30 @@ class JobSpec(BaseModel):
         if not ID_RE.match(v):
             raise ValueError("must be a dataset id returned by POST /datasets")
         return v
+
+    @field_validator("validation_dataset_id")
+    @classmethod
+    def _validation_dataset_id(cls, v: str | None) -> str | None:
+        if v is not None and not ID_RE.match(v):
+            raise ValueError("must be a dataset id returned by POST /datasets")
+        return v
+
+    @model_validator(mode="after")
+    def _one_validation_source(self) -> JobSpec:
+        if self.validation_fraction and self.validation_dataset_id:
+            raise ValueError("set validation_fraction or validation_dataset_id, not both")
+        if self.early_stopping_patience and not self.has_validation:
+            raise ValueError("early_stopping_patience needs validation_fraction or validation_dataset_id")
+        return self
+
+    @property
+    def has_validation(self) -> bool:
+        return bool(self.validation_fraction or self.validation_dataset_id)
+
+    def warmup_steps_for(self, total_steps: int) -> int:
+        if self.warmup_ratio is not None:
+            return round(self.warmup_ratio * total_steps)
+        return self.warmup_steps
 
     @field_validator("lora_target_modules")
     @classmethod
@@ -111,3 +152,6 @@ class RunConfig(BaseModel):
     output_dir: str
     # The upload's column mapping, applied when the examples are read (core.examples.read_examples).
     column_mapping: dict[str, str] | None = None
+    # spec.validation_dataset_id's file and column mapping, when the spec names one.
+    validation_path: str | None = None
+    validation_column_mapping: dict[str, str] | None = None

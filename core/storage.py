@@ -18,6 +18,8 @@ LOG_FILE = "train.log"
 CHECKPOINTS_DIR = "checkpoints"
 ADAPTER_DIR = "adapter"
 ADAPTER_ARCHIVE = "adapter.tar.gz"
+MERGED_DIR = "merged"
+MERGED_ARCHIVE = "merged.tar.gz"
 
 
 def new_id() -> str:
@@ -76,6 +78,9 @@ class Storage:
 
     def adapter_archive(self, job_id: str) -> Path:
         return self.job_dir(job_id) / ADAPTER_ARCHIVE
+
+    def merged_archive(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / MERGED_ARCHIVE
 
     def temp_file(self) -> Path:
         """A fresh file path on the same filesystem as the data, so a rename into place is atomic."""

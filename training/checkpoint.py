@@ -69,7 +69,7 @@ def _write_state(d: Path, t: Trainer, pos: Position) -> None:
         "optimizer": opt_json,
         "scheduler": {
             "name": t.spec.lr_scheduler,
-            "warmup_steps": t.spec.warmup_steps,
+            "warmup_steps": t.spec.warmup_steps_for(t.total_steps),
             "total_steps": t.total_steps,
             "step": pos.step,
         },

@@ -107,11 +107,15 @@ def _encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def load_dataset(path: Path, tokenizer, max_seq_len: int) -> tuple[list[Tokenized], int]:
-    """Tokenize a validated JSONL file. Returns the trainable examples and how many were dropped
-    because nothing was left to train on (e.g. the reply was truncated away)."""
+def load_dataset(
+    path: Path, tokenizer, max_seq_len: int, column_mapping: dict[str, str] | None = None
+) -> tuple[list[Tokenized], int]:
+    """Tokenize a validated JSONL file (read with the column mapping it was uploaded with). Returns the
+    trainable examples and how many were dropped because nothing was left to train on (e.g. the
+    reply was truncated away)."""
     try:
-        items = [tokenize_example(e, tokenizer, max_seq_len) for e in read_examples(path)]
+        examples = read_examples(path, column_mapping)
+        items = [tokenize_example(e, tokenizer, max_seq_len) for e in examples]
     except (ValueError, KeyError, TypeError) as e:
         if isinstance(e, DatasetError):
             raise

@@ -31,6 +31,9 @@ class Position:
     tokens_seen: int = 0  # input tokens processed
     elapsed_s: float = 0.0  # training time, summed over resumed runs
     losses: list[float] = field(default_factory=list)  # loss of every step so far
+    best_eval_loss: float | None = None  # early stopping: the best validation loss so far
+    evals_without_improvement: int = 0
+    stopped_early: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,11 +95,12 @@ def lr_at(spec: JobSpec, step: int, total: int) -> float:
     Warmup ramps linearly so the first step already moves (lr/warmup, not 0); decay then goes
     linearly or along a half cosine towards 0 at `total`.
     """
-    if step < spec.warmup_steps:
-        return spec.learning_rate * (step + 1) / spec.warmup_steps
+    warmup = spec.warmup_steps_for(total)
+    if step < warmup:
+        return spec.learning_rate * (step + 1) / warmup
     if spec.lr_scheduler == "constant":
         return spec.learning_rate
-    progress = (step - spec.warmup_steps) / max(1, total - spec.warmup_steps)
+    progress = (step - warmup) / max(1, total - warmup)
     if spec.lr_scheduler == "linear":
         return spec.learning_rate * max(0.0, 1.0 - progress)
     return spec.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
@@ -179,7 +183,7 @@ def train_step(t: Trainer, pos: Position) -> StepResult:
 def train(
     t: Trainer,
     pos: Position,
-    on_step: Callable[[StepResult, Position, float], None],
+    on_step: Callable[[StepResult, Position, float], bool | None],
     on_checkpoint: Callable[[Position], None],
     should_stop: Callable[[], bool],
     measure: Callable[[], AbstractContextManager] = nullcontext,
@@ -187,11 +191,14 @@ def train(
     """Run optimizer steps until total_steps (returns True) or a stop request (returns False).
 
     Checkpoints every checkpoint_every_steps steps, at each epoch end, at the end and on stop.
-    `on_step` gets the step's wall time; `measure` wraps each step (memory tracking).
+    `on_step` gets the step's wall time and returns True to end training early (early stopping);
+    `measure` wraps each step (memory tracking).
     """
     t.model.train()
     every = t.spec.checkpoint_every_steps
     ran = False
+    if pos.stopped_early:  # resumed from the checkpoint an early stop left
+        return True
     while pos.step < t.total_steps:
         if should_stop():
             if ran:  # else the state is the one resumed from (or the initial one): nothing to save
@@ -203,7 +210,10 @@ def train(
         seconds = time.perf_counter() - start
         pos.elapsed_s += seconds
         ran = True
-        on_step(result, pos, seconds)
+        if on_step(result, pos, seconds):
+            pos.stopped_early = True
+            on_checkpoint(pos)
+            return True
         if pos.step >= t.total_steps or result.epoch_ended or (every and pos.step % every == 0):
             on_checkpoint(pos)
     if should_stop():

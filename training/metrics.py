@@ -4,12 +4,14 @@ Records, in order of appearance:
   {"type": "start", "total_steps", "num_examples", "trainable_params", "resumed_from_step"}
   {"type": "step", "step", "total_steps", "epoch", "loss", "lr", "grad_norm", "tokens",
    "tokens_per_s", "elapsed_s", "eta_s", "peak_mem_bytes"}          one per optimizer step
+  {"type": "eval", "step", "eval_loss", "eval_token_accuracy", "eval_tokens", "best_eval_loss"}
   {"type": "checkpoint", "step", "path"}                             after the checkpoint is complete
-  {"type": "done", "step", "final_loss", "adapter_dir"}
+  {"type": "done", "step", "final_loss", "adapter_dir", "stopped_early", "best_eval_loss", "merged_dir"?}
 
 The file is append-only, also across resumes: a process killed after its last checkpoint may have
 written step records that the resumed process repeats. A "start" record with resumed_from_step = k
-supersedes every earlier "step" record with step > k; `read_metrics` applies that rule.
+supersedes every earlier "step", "eval" and "checkpoint" record with step > k; `read_metrics` applies
+that rule.
 This module does not import torch, so readers can use it cheaply.
 """
 
@@ -20,6 +22,8 @@ import math
 import os
 from pathlib import Path
 from typing import Any
+
+STEPPED = ("step", "eval", "checkpoint")  # records that a resume from an earlier step supersedes
 
 
 class MetricsWriter:
@@ -82,7 +86,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
             continue
         if rec.get("type") == "start" and rec.get("resumed_from_step"):
             k = rec["resumed_from_step"]
-            records = [r for r in records if not (r.get("type") in ("step", "checkpoint") and r["step"] > k)]
+            records = [r for r in records if not (r.get("type") in STEPPED and r["step"] > k)]
         records.append(rec)
     return records
 

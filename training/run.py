@@ -81,8 +81,8 @@ def _train(config, stop: StopFlag) -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from core.storage import ADAPTER_DIR, CHECKPOINTS_DIR, METRICS_FILE
-    from training import checkpoint, data, loop, memory, metrics, model
+    from core.storage import ADAPTER_DIR, CHECKPOINTS_DIR, MERGED_DIR, METRICS_FILE
+    from training import checkpoint, data, evaluate, export, loop, memory, metrics, model
 
     hf_logging.disable_progress_bar()
     spec, out = config.spec, Path(config.output_dir)
@@ -91,8 +91,11 @@ def _train(config, stop: StopFlag) -> int:
     log.info("job %s: %s on %s, base %s", config.job_id, spec.method, device, config.model_dir)
 
     tokenizer = model.load_tokenizer(Path(config.model_dir))
-    items, dropped = data.load_dataset(Path(config.dataset_path), tokenizer, spec.max_seq_len)
-    log.info("dataset: %d examples (%d dropped: nothing to train on after truncation)", len(items), dropped)
+    items, val_items, dropped = load_splits(config, tokenizer)
+    log.info(
+        "dataset: %d training and %d validation examples (%d dropped: nothing to train on after truncation)",
+        len(items), len(val_items), dropped,
+    )  # fmt: skip
 
     torch.manual_seed(spec.seed)  # LoRA init
     net = model.load_model(spec, Path(config.model_dir), device)
@@ -149,6 +152,25 @@ def _train(config, stop: StopFlag) -> int:
             p.step, t.total_steps, r.loss, r.lr, r.grad_norm, rec["tokens_per_s"] or 0,
             tracker.peak_bytes / 2**20, rec["eta_s"],
         )  # fmt: skip
+        if not val_items or not evaluate.is_eval_step(spec, p.step, t.total_steps, r.epoch_ended):
+            return False
+        ev = evaluate.evaluate(net, val_items, spec.micro_batch_size, t.pad_id, device, t.autocast)
+        evaluate.record_eval(p, ev.loss, spec.early_stopping_min_delta)
+        writer.write(
+            {
+                "type": "eval",
+                "step": p.step,
+                "eval_loss": ev.loss,
+                "eval_token_accuracy": ev.token_accuracy,
+                "eval_tokens": ev.target_tokens,
+                "best_eval_loss": p.best_eval_loss,
+            }
+        )
+        log.info("eval at step %d: loss %.4f token accuracy %.3f", p.step, ev.loss, ev.token_accuracy)
+        if evaluate.should_stop_early(spec, p):
+            log.info("early stop: %d evaluations without a better eval loss", p.evals_without_improvement)
+            return True
+        return False
 
     def on_checkpoint(p: loop.Position) -> None:
         if p.step in saved:
@@ -170,12 +192,35 @@ def _train(config, stop: StopFlag) -> int:
     adapter_dir = out / ADAPTER_DIR
     final_loss = pos.losses[-1] if pos.losses else None
     save_adapter(net, adapter_dir, config, final_loss=final_loss, pos=pos, peak=tracker.peak_bytes)
-    writer.write(
-        {"type": "done", "step": pos.step, "final_loss": final_loss, "adapter_dir": str(adapter_dir)}
-    )
+    done = {"type": "done", "step": pos.step, "final_loss": final_loss, "adapter_dir": str(adapter_dir)}
+    done.update(stopped_early=pos.stopped_early, best_eval_loss=pos.best_eval_loss)
+    if spec.export == "merged":
+        dtype = model.base_dtype(spec, Path(config.model_dir))
+        merged = export.export_merged(Path(config.model_dir), adapter_dir, out / MERGED_DIR, dtype)
+        done["merged_dir"] = str(merged)
+        log.info("merged model at %s", merged)
+    writer.write(done)
     writer.close()
     log.info("done: %d steps, final loss %s, adapter at %s", pos.step, final_loss, adapter_dir)
     return EXIT_OK
+
+
+def load_splits(config, tokenizer) -> tuple[list, list, int]:
+    """(training examples, validation examples, examples dropped for having nothing to train on)."""
+    from training import data, evaluate
+
+    spec = config.spec
+    items, dropped = data.load_dataset(
+        Path(config.dataset_path), tokenizer, spec.max_seq_len, config.column_mapping
+    )
+    if spec.validation_dataset_id:
+        if not config.validation_path:
+            raise data.DatasetError("the spec names a validation dataset but the run has no path for it")
+        path = Path(config.validation_path)
+        val, _ = data.load_dataset(path, tokenizer, spec.max_seq_len, config.validation_column_mapping)
+        return items, val, dropped
+    train, val = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
+    return train, val, dropped
 
 
 def seed_everything(seed: int) -> None:
@@ -234,6 +279,8 @@ def model_card(config, *, final_loss, pos, peak: int) -> str:
         "tokens_seen": pos.tokens_seen,
         "train_seconds": round(pos.elapsed_s, 1),
         "peak_mem_bytes": peak,
+        "best_eval_loss": pos.best_eval_loss,
+        "stopped_early": pos.stopped_early,
     }
     return "\n".join(
         [

@@ -33,7 +33,11 @@ def build_adapter_archive(job_dir: Path) -> Path:
     src = job_dir / ADAPTER_DIR
     if not (src / "adapter_model.safetensors").is_file() or not (src / "adapter_config.json").is_file():
         raise FileNotFoundError("training finished without adapter_model.safetensors and adapter_config.json")
-    dst = job_dir / ADAPTER_ARCHIVE
+    return build_archive(src, job_dir / ADAPTER_ARCHIVE)
+
+
+def build_archive(src: Path, dst: Path) -> Path:
+    """Pack the files of `src` flat into the .tar.gz `dst`, renamed into place when complete."""
     tmp = dst.with_name(dst.name + ".tmp")
     with tarfile.open(tmp, "w:gz") as tar:
         for f in sorted(src.iterdir()):

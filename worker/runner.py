@@ -27,12 +27,12 @@ from core.catalog import Catalog
 from core.settings import Settings
 from core.spec import JobSpec, RunConfig
 from core.states import JobStatus
-from core.storage import Storage, atomic_write_text, new_id
+from core.storage import MERGED_DIR, Storage, atomic_write_text, new_id
 from models import datasets as datasets_db
 from models import jobs as jobs_db
 from models import workers as workers_db
 from models.db import session_scope
-from worker.artifacts import build_adapter_archive, sha256_dir, sha256_file
+from worker.artifacts import build_adapter_archive, build_archive, sha256_dir, sha256_file
 from worker.progress import MetricsTail, progress_values
 
 log = logging.getLogger(__name__)
@@ -92,8 +92,8 @@ class JobRunner:
             job = jobs_db.get_job(s, job_id)
             assert job is not None
             spec = JobSpec.model_validate(job.spec)
-            dataset = datasets_db.get_dataset(s, spec.dataset_id)
-            mapping = dataset.report.get("column_mapping") if dataset else None
+            mapping = _column_mapping(s, spec.dataset_id)
+            val_mapping = _column_mapping(s, spec.validation_dataset_id)
         model = self.catalog.get(spec.base_model)
         config = RunConfig(
             job_id=job_id,
@@ -102,6 +102,12 @@ class JobRunner:
             dataset_path=str(self.storage.dataset_path(spec.dataset_id)),
             output_dir=str(self.storage.job_dir(job_id)),
             column_mapping=mapping,
+            validation_path=(
+                str(self.storage.dataset_path(spec.validation_dataset_id))
+                if spec.validation_dataset_id
+                else None
+            ),
+            validation_column_mapping=val_mapping,
         )
         path = self.storage.run_config_path(job_id)
         atomic_write_text(path, config.model_dump_json(indent=2))
@@ -170,18 +176,14 @@ class JobRunner:
 
     def _outcome(self, job_id: str, attempt: int, rc: int) -> str:
         if rc == 0:
-            archive = build_adapter_archive(self.storage.job_dir(job_id))
+            job_dir = self.storage.job_dir(job_id)
+            archives = {"adapter": build_adapter_archive(job_dir)}
+            if (job_dir / MERGED_DIR).is_dir():  # export: merged
+                archives["merged"] = build_archive(job_dir / MERGED_DIR, self.storage.merged_archive(job_id))
             with session_scope(self.sessions) as s:
-                jobs_db.add_artifact(
-                    s,
-                    new_id(),
-                    job_id,
-                    "adapter",
-                    archive.name,
-                    archive.stat().st_size,
-                    sha256_file(archive),
-                    None,
-                )
+                for kind, archive in archives.items():
+                    size, digest = archive.stat().st_size, sha256_file(archive)
+                    jobs_db.add_artifact(s, new_id(), job_id, kind, archive.name, size, digest, None)
             self._finish(job_id, attempt, JobStatus.SUCCEEDED, "training finished; adapter ready")
             return "succeeded"
         if rc == EXIT_STOPPED and self._cancel_requested(job_id):
@@ -242,6 +244,12 @@ class JobRunner:
             if status == JobStatus.QUEUED:
                 jobs_db.mark_enqueued(s, job_id)
         log.info("job %s: %s (%s)", job_id, status, message)
+
+
+def _column_mapping(s: Session, dataset_id: str | None) -> dict[str, str] | None:
+    """The column mapping a dataset was uploaded with (its rows are read through it)."""
+    dataset = datasets_db.get_dataset(s, dataset_id) if dataset_id else None
+    return dataset.report.get("column_mapping") if dataset else None
 
 
 def _stop_when_parent_dies() -> None:

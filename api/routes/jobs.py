@@ -1,8 +1,9 @@
-"""Jobs: submit (validated and planned before it is queued), inspect, cancel, events, adapter download."""
+"""Jobs: submit (validated and planned before it is queued), inspect, cancel, events, downloads."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -120,9 +121,11 @@ def get_metrics(
     services: ServicesDep,
     after_step: Annotated[int, Query(ge=0)] = 0,
 ) -> dict[str, Any]:
-    """The per-step training records (loss, lr, grad_norm, tokens/s, ...) for curves."""
+    """The per-step training records (loss, lr, grad_norm, tokens/s, ...) in `data` and the
+    validation records (eval_loss, eval_token_accuracy) in `eval`, for curves."""
     _get(session, job_id, principal)
-    steps: list[dict[str, Any]] = []
+    # After a resume the same step can appear twice; the later record wins.
+    by_kind: dict[str, dict[int, dict[str, Any]]] = {"step": {}, "eval": {}}
     path = services.storage.metrics_path(job_id)
     if path.is_file():
         with path.open("rb") as f:
@@ -131,11 +134,13 @@ def get_metrics(
                     rec = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(rec, dict) and rec.get("type") == "step" and rec.get("step", 0) > after_step:
-                    steps.append(rec)
-    # After a resume the same step can appear twice; the later record wins.
-    by_step = {r["step"]: r for r in steps}
-    return {"data": [by_step[k] for k in sorted(by_step)]}
+                if not isinstance(rec, dict) or rec.get("type") not in by_kind:
+                    continue
+                step = rec.get("step")
+                if isinstance(step, int) and step > after_step:
+                    by_kind[rec["type"]][step] = rec
+    steps, evals = by_kind["step"], by_kind["eval"]
+    return {"data": [steps[k] for k in sorted(steps)], "eval": [evals[k] for k in sorted(evals)]}
 
 
 @router.get("/{job_id}/artifacts", response_model=list[ArtifactOut])
@@ -153,17 +158,47 @@ def download_adapter(
 ) -> FileResponse:
     """The trained adapter as .tar.gz: adapter_config.json, adapter_model.safetensors, README.md."""
     job = _get(session, job_id, principal)
-    art = jobs_db.find_artifact(session, job_id, "adapter")
-    if job.status != JobStatus.SUCCEEDED or art is None:
+    if job.status != JobStatus.SUCCEEDED or jobs_db.find_artifact(session, job_id, "adapter") is None:
         raise Conflict(
             f"job {job_id} is {job.status}; the adapter is available once it has succeeded",
             code="adapter_not_ready",
             param="job_id",
         )
-    path = services.storage.adapter_archive(job_id)
+    return _archive_response(session, job_id, "adapter", services.storage.adapter_archive(job_id))
+
+
+@router.get(
+    "/{job_id}/merged",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/gzip": {}}, "description": "merged model .tar.gz"}},
+)
+def download_merged(
+    job_id: str, session: SessionDep, services: ServicesDep, principal: PrincipalDep
+) -> FileResponse:
+    """The base model with the adapter merged in (`export: merged`) as .tar.gz: config.json,
+    model.safetensors, tokenizer files. Loads with AutoModelForCausalLM.from_pretrained."""
+    job = _get(session, job_id, principal)
+    if job.spec.get("export") != "merged":
+        raise Conflict(
+            f"job {job_id} was not asked for a merged export (set \"export\": \"merged\")",
+            code="merged_not_requested",
+            param="job_id",
+        )
+    if job.status != JobStatus.SUCCEEDED or jobs_db.find_artifact(session, job_id, "merged") is None:
+        raise Conflict(
+            f"job {job_id} is {job.status}; the merged model is available once it has succeeded",
+            code="merged_not_ready",
+            param="job_id",
+        )
+    return _archive_response(session, job_id, "merged", services.storage.merged_archive(job_id))
+
+
+def _archive_response(session: Any, job_id: str, kind: str, path: Path) -> FileResponse:
+    art = jobs_db.find_artifact(session, job_id, kind)
+    assert art is not None
     return FileResponse(
         path,
         media_type="application/gzip",
-        filename=f"ftune-adapter-{job_id}.tar.gz",
+        filename=f"ftune-{kind}-{job_id}.tar.gz",
         headers={"X-Checksum-Sha256": art.sha256},
     )

@@ -61,6 +61,37 @@ def test_unknown_dataset(client: TestClient, enqueued: RecordingEnqueuer) -> Non
     assert enqueued.sent == []
 
 
+def test_validation_dataset_must_exist_and_be_the_callers(
+    client: TestClient, other_client: TestClient, dataset_id: str, enqueued: RecordingEnqueuer
+) -> None:
+    spec = {"base_model": "tiny", "dataset_id": dataset_id, "validation_dataset_id": "0123456789abcdef"}
+    r = client.post("/jobs", json=spec)
+    assert r.status_code == 422
+    assert r.json()["error"]["code"] == "dataset_not_found"
+    assert r.json()["error"]["param"] == "validation_dataset_id"
+    # another tenant's dataset is not found either (its owner may not train or evaluate on it)
+    r = other_client.post(
+        "/jobs", json={**spec, "dataset_id": dataset_id, "validation_dataset_id": dataset_id}
+    )
+    assert r.status_code == 422 and r.json()["error"]["code"] == "dataset_not_found"
+    both = {**spec, "validation_dataset_id": dataset_id, "validation_fraction": 0.1}
+    r = client.post("/jobs", json=both)
+    assert r.status_code == 422 and "not both" in r.json()["error"]["message"]
+    assert client.post("/jobs", json={**spec, "validation_dataset_id": dataset_id}).status_code == 202
+    assert len(enqueued.sent) == 1
+
+
+def test_merged_download_needs_the_export(client: TestClient, dataset_id: str) -> None:
+    job = client.post("/jobs", json={"base_model": "tiny", "dataset_id": dataset_id}).json()
+    r = client.get(f"/jobs/{job['id']}/merged")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "merged_not_requested"
+    job = client.post(
+        "/jobs", json={"base_model": "tiny", "dataset_id": dataset_id, "export": "merged"}
+    ).json()
+    r = client.get(f"/jobs/{job['id']}/merged")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "merged_not_ready"
+
+
 def test_invalid_dataset_cannot_be_used(client: TestClient) -> None:
     bad = client.post("/datasets", files={"file": ("b.jsonl", b"nope\n")}).json()["error"]["details"]["id"]
     r = client.post("/jobs", json={"base_model": "tiny", "dataset_id": bad})

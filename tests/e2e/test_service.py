@@ -45,10 +45,9 @@ SPEC = {
 }
 
 
-def _submit(base: str, dataset_id: str, method: str) -> dict[str, Any]:
-    r = api.post(
-        f"{base}/jobs", json={"base_model": "ftune-demo", "dataset_id": dataset_id, "method": method, **SPEC}
-    )
+def _submit(base: str, dataset_id: str, method: str, **extra: Any) -> dict[str, Any]:
+    spec = {"base_model": "ftune-demo", "dataset_id": dataset_id, "method": method, **SPEC, **extra}
+    r = api.post(f"{base}/jobs", json=spec)
     assert r.status_code == 202, r.text
     assert r.json()["status"] == "queued"
     return dict(r.json())
@@ -93,6 +92,22 @@ def _assert_adapter_changes_outputs(base_dir: Path, adapter_dir: Path) -> None:
     with torch.no_grad():
         after = tuned(ids).logits
     assert (after - before).abs().max().item() > 1e-3
+
+
+def _check_merged(base: str, job_id: str, tmp: Path) -> None:
+    """The merged export downloads and loads as a plain transformers model."""
+    import tarfile
+
+    from transformers import AutoModelForCausalLM
+
+    r = api.get(f"{base}/jobs/{job_id}/merged")
+    assert r.status_code == 200, r.text
+    (tmp / "merged.tar.gz").write_bytes(r.content)
+    with tarfile.open(tmp / "merged.tar.gz") as tar:
+        tar.extractall(tmp / "merged", filter="data")
+    assert (tmp / "merged" / "model.safetensors").is_file()
+    model = AutoModelForCausalLM.from_pretrained(tmp / "merged", local_files_only=True)
+    assert model.config.model_type == "llama"
 
 
 def test_make_up_trains_qlora_and_lora_then_stops_cleanly(models_dir: Path, tmp_path: Path) -> None:
@@ -149,17 +164,22 @@ def test_separate_api_and_worker_on_postgres_and_redis(
     redis.Redis.from_url(redis_url).flushdb()
     subprocess.run([sys.executable, "-m", "cli", "migrate"], env=env, check=True, cwd=REPO)
     base = f"http://127.0.0.1:{port}"
-    api = Proc(["api"], env, tmp_path / "api.log")
+    server = Proc(["api"], env, tmp_path / "api.log")
     worker = Proc(["worker"], env, tmp_path / "worker.log")
     try:
-        wait_ready(base, [api, worker])
+        wait_ready(base, [server, worker])
         ds = upload(base, EXAMPLES / "alpaca_small.jsonl")
-        job = _submit(base, ds["id"], "lora")
+        val = upload(base, EXAMPLES / "chat_small.jsonl")
+        extra = {"validation_dataset_id": val["id"], "eval_every_steps": 12, "export": "merged"}
+        job = _submit(base, ds["id"], "lora", **extra)
         seen = wait_finished(base, [job["id"]], timeout=600)
         _check_trained(base, job["id"], seen[job["id"]], models_dir, tmp_path)
+        evals = api.get(f"{base}/jobs/{job['id']}/metrics").json()["eval"]
+        assert [e["step"] for e in evals] == [12, 24] and evals[1]["eval_loss"] < evals[0]["eval_loss"]
+        _check_merged(base, job["id"], tmp_path)
     except BaseException:
-        print(api.tail(), worker.tail(), sep="\n")
+        print(server.tail(), worker.tail(), sep="\n")
         raise
     finally:
         assert worker.stop() == 0, worker.tail()
-        api.stop()
+        server.stop()

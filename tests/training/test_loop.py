@@ -68,3 +68,9 @@ def test_schedules() -> None:
     cos = spec(learning_rate=1.0, lr_scheduler="cosine")
     assert lr_at(cos, 0, 4) == pytest.approx(1.0) and lr_at(cos, 2, 4) == pytest.approx(0.5)
     assert lr_at(spec(learning_rate=0.1, lr_scheduler="constant"), 5, 6) == pytest.approx(0.1)
+
+
+def test_warmup_ratio_is_a_share_of_the_total_steps() -> None:
+    ratio = spec(learning_rate=1.0, warmup_ratio=0.25, warmup_steps=99, lr_scheduler="linear")
+    # 8 steps: 2 warmup steps (the ratio overrides warmup_steps), then linear decay over 6.
+    assert [lr_at(ratio, s, 8) for s in range(4)] == pytest.approx([0.5, 1.0, 1.0, 5 / 6])

@@ -18,7 +18,6 @@ from core.storage import new_id
 from models import datasets as datasets_db
 from models import jobs as jobs_db
 from models.db import make_engine, make_session_factory, session_scope
-from models.migrate import upgrade
 from models.tenants import get_or_create_tenant
 from worker.runner import JobRunner
 
