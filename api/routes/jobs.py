@@ -158,13 +158,7 @@ def download_adapter(
 ) -> FileResponse:
     """The trained adapter as .tar.gz: adapter_config.json, adapter_model.safetensors, README.md."""
     job = _get(session, job_id, principal)
-    if job.status != JobStatus.SUCCEEDED or jobs_db.find_artifact(session, job_id, "adapter") is None:
-        raise Conflict(
-            f"job {job_id} is {job.status}; the adapter is available once it has succeeded",
-            code="adapter_not_ready",
-            param="job_id",
-        )
-    return _archive_response(session, job_id, "adapter", services.storage.adapter_archive(job_id))
+    return _archive_response(session, job, "adapter", services.storage.adapter_archive(job_id))
 
 
 @router.get(
@@ -180,25 +174,25 @@ def download_merged(
     job = _get(session, job_id, principal)
     if job.spec.get("export") != "merged":
         raise Conflict(
-            f"job {job_id} was not asked for a merged export (set \"export\": \"merged\")",
+            f'job {job_id} was not asked for a merged export (set "export": "merged")',
             code="merged_not_requested",
             param="job_id",
         )
-    if job.status != JobStatus.SUCCEEDED or jobs_db.find_artifact(session, job_id, "merged") is None:
+    return _archive_response(session, job, "merged", services.storage.merged_archive(job_id))
+
+
+def _archive_response(session: Any, job: Job, kind: str, path: Path) -> FileResponse:
+    """A finished job's archive of `kind`, or 409 <kind>_not_ready while it is not there yet."""
+    art = jobs_db.find_artifact(session, job.id, kind)
+    if job.status != JobStatus.SUCCEEDED or art is None:
         raise Conflict(
-            f"job {job_id} is {job.status}; the merged model is available once it has succeeded",
-            code="merged_not_ready",
+            f"job {job.id} is {job.status}; the {kind} download is available once it has succeeded",
+            code=f"{kind}_not_ready",
             param="job_id",
         )
-    return _archive_response(session, job_id, "merged", services.storage.merged_archive(job_id))
-
-
-def _archive_response(session: Any, job_id: str, kind: str, path: Path) -> FileResponse:
-    art = jobs_db.find_artifact(session, job_id, kind)
-    assert art is not None
     return FileResponse(
         path,
         media_type="application/gzip",
-        filename=f"ftune-{kind}-{job_id}.tar.gz",
+        filename=f"ftune-{kind}-{job.id}.tar.gz",
         headers={"X-Checksum-Sha256": art.sha256},
     )
