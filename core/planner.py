@@ -11,6 +11,7 @@ The phase that is not the peak is listed with 0 bytes and its size in the note, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -84,18 +85,46 @@ def storage_dtype(spec: JobSpec, arch: Architecture | None) -> str:
     return (arch.config_dtype if arch else None) or "float32"
 
 
+def _idle(terms: list[Term], why: str) -> list[Term]:
+    """Terms of a phase that is not at the peak: 0 bytes, their size kept in the note."""
+    return [
+        Term(name=t.name, bytes=0, note=f"{_gib(t.bytes)} not at the peak ({why}): {t.note}") for t in terms
+    ]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What the training framework keeps that a JobSpec does not say; the default is ftune's engine.
+    bench/planner_accuracy.py states these per published run."""
+
+    # peft's prepare_model_for_kbit_training (TRL/HF QLoRA recipes) casts every non-quantized parameter
+    # (embeddings, lm_head, norms) to fp32; ftune keeps them in the compute dtype.
+    kbit_fp32_upcast: bool = False
+
+
+FTUNE = Runtime()
+
+
 def estimate(
-    spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int | None = None, *, suggest: bool = True
+    spec: JobSpec,
+    arch: Architecture,
+    gpu: Gpu,
+    tokens_per_epoch: int | None = None,
+    *,
+    suggest: bool = True,
+    runtime: Runtime = FTUNE,
 ) -> Plan:
-    plan = _estimate(spec, arch, gpu, tokens_per_epoch)
+    plan = _estimate(spec, arch, gpu, tokens_per_epoch, runtime)
     if suggest and not plan.fits:
         from core.suggest import suggestions
 
-        plan = plan.model_copy(update={"suggestions": suggestions(spec, arch, gpu)})
+        plan = plan.model_copy(update={"suggestions": suggestions(spec, arch, gpu, runtime)})
     return plan
 
 
-def _estimate(spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int | None) -> Plan:
+def _estimate(
+    spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int | None, runtime: Runtime = FTUNE
+) -> Plan:
     n = spec.num_gpus
     method = spec.method
     store = storage_dtype(spec, arch)
@@ -128,14 +157,16 @@ def _estimate(spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int
                 ),
             )
         )
-        qb = DTYPE_BYTES[cdt]
+        up = runtime.kbit_fp32_upcast
+        qb = 4 if up else DTYPE_BYTES[cdt]
+        how = "cast to fp32 by prepare_model_for_kbit_training" if up else f"in the compute dtype {cdt}"
         persistent.append(
             Term(
                 name="unquantized weights",
                 bytes=rest * qb // n,
                 note=(
-                    f"{rest:,} params loaded in the compute dtype {cdt}: embeddings, lm_head, norms, biases "
-                    f"(bitsandbytes quantizes only the decoder-block linears; no fp32 upcast){shard}"
+                    f"{rest:,} params {how}: embeddings, lm_head, norms, biases (bitsandbytes quantizes "
+                    f"only the decoder-block linears){shard}"
                 ),
             )
         )
@@ -201,8 +232,11 @@ def _estimate(spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int
         persistent.append(Term(name="optimizer states", bytes=opt_bytes // n, note=f"{opt_note}{shard}"))
 
     # -- forward/backward transients --------------------------------------------------------------------
+    cpu = gpu.kind == "cpu"
+    upcast = method == "qlora" and runtime.kbit_fp32_upcast
     b, s = spec.micro_batch_size, spec.max_seq_len
     tokens = b * s
+    h = arch.hidden_size
     setup = ActivationSetup(
         compute_bytes=e,
         autocast=autocast,
@@ -213,37 +247,73 @@ def _estimate(spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int
         attn=spec.attn_implementation,
         kv_repeated=spec.attn_implementation == "sdpa" and b > 1,
         seq_len=s,
+        mask_bytes=e if cpu else 1,
     )
     per_layer, parts = layer_saved_bytes_per_token(arch, setup)
-    layer_bytes = per_layer * tokens
+    layer_bytes = int(per_layer * tokens)
+    res_b = 4 if upcast else e  # dtype of the residual stream between blocks
+    final_norm = 4 * h * tokens  # the final norm keeps its fp32 input
     if spec.gradient_checkpointing:
-        act = arch.num_layers * e * arch.hidden_size * tokens + layer_bytes
+        act = arch.num_layers * res_b * h * tokens + final_norm
         act_note = (
-            f"checkpointing: each of {arch.num_layers} layers keeps its input ({e} B x hidden x "
-            f"{tokens} tokens) + one layer recomputed in backward ({_gib(layer_bytes)})"
+            f"checkpointing: each of {arch.num_layers} layers keeps its input ({res_b} B x hidden x "
+            f"{tokens} tokens) + the final norm's fp32 input"
         )
     else:
-        act = arch.num_layers * layer_bytes + 4 * arch.hidden_size * tokens
+        act = arch.num_layers * layer_bytes + final_norm
         act_note = f"{arch.num_layers} layers x {tokens} tokens x {per_layer:,.0f} B/token + final norm"
     act_note += f"; per layer B/token: {', '.join(parts)}; sequences padded to max_seq_len"
-    fwd: list[Term] = [
-        Term(name="activations", bytes=int(act), note=act_note),
+    fwd: list[Term] = [Term(name="activations", bytes=int(act), note=act_note)]
+    if autocast and e < 4 and (not full or sb == 4):
+        fwd.append(
+            Term(
+                name="autocast weight copies",
+                bytes=trainable * e // n,
+                note=(f"fp32 trainable weights cast to {cdt} and cached for the forward/backward"),
+            )
+        )
+    if upcast and autocast and e < 4:
+        fwd.append(
+            Term(
+                name="lm_head compute-dtype copy",
+                bytes=arch.vocab_size * h * e,
+                note=(
+                    f"the fp32 lm_head weight cast to {cdt} by autocast for the logits matmul, which keeps "
+                    "the copy for backward"
+                ),
+            )
+        )
+    # Backward first runs the loss (all activations still alive), then the blocks one at a time, after
+    # the vocab-sized buffers are freed: the peak is the larger of the two, the other is listed at 0.
+    loss_phase = [
         Term(
             name="logits and loss",
             bytes=tokens * logits_bytes_per_token(arch, e),
             note=(
-                f"{tokens} tokens x vocab {arch.vocab_size:,} x ({e} B logits + 4 B fp32 log-probs saved + "
-                "8 B fp32 grads at backward start)"
+                f"{tokens} tokens x vocab {arch.vocab_size:,} x {max(e + 8, 12)} B: forward keeps the "
+                f"logits ({e} B), their fp32 copy and the fp32 log-probs; backward starts with the "
+                "log-probs and two fp32 gradients"
             ),
-        ),
+        )
+    ]
+    layer_phase: list[Term] = []
+    if spec.gradient_checkpointing:
+        layer_phase.append(
+            Term(
+                name="recomputed layer",
+                bytes=layer_bytes,
+                note="backward re-runs one checkpointed layer's forward and holds what it saves",
+            )
+        )
+    layer_phase.append(
         Term(
             name="backward working buffers",
             bytes=tokens * backward_working_bytes_per_token(arch, e),
             note="grads in flight through one block: 2 x hidden + 2 x intermediate per token",
-        ),
-    ]
+        )
+    )
     if method == "qlora":
-        fwd.append(
+        layer_phase.append(
             Term(
                 name="QLoRA dequantization buffer",
                 bytes=arch.largest_linear_numel * e,
@@ -253,14 +323,11 @@ def _estimate(spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int
                 ),
             )
         )
-    if autocast and e < 4 and (not full or sb == 4):
-        fwd.append(
-            Term(
-                name="autocast weight copies",
-                bytes=trainable * e // n,
-                note=(f"fp32 trainable weights cast to {cdt} and cached for the forward/backward"),
-            )
-        )
+    loss_total, layer_total = sum(t.bytes for t in loss_phase), sum(t.bytes for t in layer_phase)
+    if loss_total >= layer_total:
+        fwd += loss_phase + _idle(layer_phase, "the loss at backward start is larger")
+    else:
+        fwd += _idle(loss_phase, "a layer's backward is larger") + layer_phase
     if n > 1:
         layer_w = (
             sum(nf4_bytes(m.weight_numel) for m in arch.block_linears) + arch.norm_params_per_layer * sb
@@ -303,12 +370,15 @@ def _estimate(spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int
             )
         )
     if spec.optimizer == "adamw":
+        largest = max((spec.lora_r * max(m.in_features, m.out_features) for m, _ in lora), default=0)
         step.append(
             Term(
                 name="optimizer step temporaries",
-                bytes=trainable * state_elem // n,
+                bytes=(largest if cpu and not full else trainable) * state_elem // n,
                 note=(
-                    "torch foreach AdamW allocates sqrt(v) for all params at once (one state-sized buffer)"
+                    "torch AdamW on a CPU runs tensor by tensor: sqrt(v) of the largest one"
+                    if cpu
+                    else "torch foreach AdamW allocates sqrt(v) for all params at once (a state-sized buffer)"
                 ),
             )
         )
@@ -318,24 +388,24 @@ def _estimate(spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int
     step.append(
         Term(
             name="gradient-norm buffers",
-            bytes=n_tensors * 4 + 4 * MiB,
-            note=("clip_grad_norm_: one fp32 norm per trainable tensor + a 4 MiB reduction workspace"),
+            bytes=n_tensors * 4 + (0 if cpu else 4 * MiB),
+            note="clip_grad_norm_: one fp32 norm per trainable tensor"
+            + ("" if cpu else " + a 4 MiB CUDA reduction workspace"),
         )
     )
 
     fwd_total, step_total = sum(t.bytes for t in fwd), sum(t.bytes for t in step)
-    idle, idle_name = (step, "step") if fwd_total >= step_total else (fwd, "forward/backward")
-    idle[:] = [
-        Term(
-            name=t.name,
-            bytes=0,
-            note=f"{_gib(t.bytes)} not at the peak (the {idle_name} phase is smaller): {t.note}",
-        )
-        for t in idle
-    ]
+    if fwd_total >= step_total:
+        step = _idle(step, "the step phase is smaller")
+    else:
+        fwd = _idle(fwd, "the forward/backward phase is smaller")
     used = sum(t.bytes for t in persistent) + max(fwd_total, step_total)
     tail = [
-        Term(name="CUDA context", bytes=CUDA_CONTEXT_BYTES, note="CUDA context + cuBLAS workspace, ~500 MiB"),
+        Term(
+            name="CUDA context",
+            bytes=0 if cpu else CUDA_CONTEXT_BYTES,
+            note="none on a CPU" if cpu else "CUDA context + cuBLAS workspace, ~500 MiB",
+        ),
         Term(
             name="allocator fragmentation",
             bytes=int(used * FRAGMENTATION),
