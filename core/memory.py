@@ -131,8 +131,16 @@ def _lora_saved_per_token(arch: Architecture, s: ActivationSetup) -> float:
 
 
 def backward_working_bytes_per_token(arch: Architecture, compute_bytes: int) -> int:
-    """Gradients in flight through one block: residual-stream grad in and out, MLP intermediate grads."""
-    return compute_bytes * (2 * arch.hidden_size + 2 * arch.intermediate_size)
+    """Gradients in flight through one block, beside its saved tensors: the residual-stream gradient
+    and, at the worst moment (the backward of the MLP's elementwise product), two intermediate-sized
+    gradients; the product's own saved input is freed by then."""
+    return compute_bytes * (arch.hidden_size + 2 * arch.intermediate_size)
+
+
+def dequant_excess_bytes(arch: Architecture, compute_bytes: int, tokens: int) -> int:
+    """QLoRA's dequantized weight lives only inside one matmul, when the second intermediate-sized
+    gradient of the working set does not exist: it adds only what it exceeds that gradient by."""
+    return max(0, arch.largest_linear_numel * compute_bytes - compute_bytes * arch.intermediate_size * tokens)
 
 
 def logits_bytes_per_token(arch: Architecture, compute_bytes: int) -> int:

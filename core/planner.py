@@ -23,6 +23,7 @@ from core.memory import (
     ActivationSetup,
     adam8bit_state_bytes,
     backward_working_bytes_per_token,
+    dequant_excess_bytes,
     layer_saved_bytes_per_token,
     logits_bytes_per_token,
     nf4_bytes,
@@ -309,17 +310,18 @@ def _estimate(
         Term(
             name="backward working buffers",
             bytes=tokens * backward_working_bytes_per_token(arch, e),
-            note="grads in flight through one block: 2 x hidden + 2 x intermediate per token",
+            note="grads in flight through one block: hidden + 2 x intermediate per token",
         )
     )
     if method == "qlora":
         layer_phase.append(
             Term(
                 name="QLoRA dequantization buffer",
-                bytes=arch.largest_linear_numel * e,
+                bytes=dequant_excess_bytes(arch, e, tokens),
                 note=(
                     f"largest block linear ({arch.largest_linear_numel:,} weights) dequantized to {cdt}, "
-                    "one at a time"
+                    "one at a time, inside a matmul: counted beyond the intermediate-sized gradient it "
+                    "never coexists with"
                 ),
             )
         )
