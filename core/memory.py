@@ -143,11 +143,16 @@ def dequant_excess_bytes(arch: Architecture, compute_bytes: int, tokens: int) ->
     return max(0, arch.largest_linear_numel * compute_bytes - compute_bytes * arch.intermediate_size * tokens)
 
 
-def logits_bytes_per_token(arch: Architecture, compute_bytes: int) -> int:
-    """A causal-LM loss in fp32 (ftune's loop, transformers' loss, autocast's cross_entropy), per vocab
-    entry. Forward: the logits (e B), their fp32 copy (.float(), or the contiguous copy of the shifted
-    slice) and log_softmax's fp32 output, which it keeps: e + 8. Backward start: the kept log-probs,
-    nll_loss's dense fp32 gradient and log_softmax's fp32 input gradient: 12 (the logits are no longer
-    referenced by then). The peak is the larger: 12 B for e <= 4. Measured on CPU in
-    tests/training/test_planner_vs_measured.py."""
-    return arch.vocab_size * max(compute_bytes + 8, 12)
+def logits_bytes_per_token(arch: Architecture, compute_bytes: int, loss_fp32: bool = True) -> int:
+    """The causal-LM loss head, per token: bytes per vocab entry x vocab.
+
+    fp32 loss (ftune's loop, transformers' loss, autocast's cross_entropy): forward keeps the logits
+    (e B), their fp32 copy (.float(), or the contiguous copy of the shifted slice) and log_softmax's
+    fp32 output: e + 8. Backward starts with the kept log-probs, nll_loss's dense fp32 gradient and
+    log_softmax's fp32 input gradient: 12 (nothing references the logits by then). The peak is the
+    larger, 12 B for e <= 4 (measured on CPU in tests/training/test_planner_vs_measured.py).
+    A loss in the logits' own dtype (a half-precision model run without autocast, e.g. DeepSpeed's
+    fp16 engine): the same three tensors at e bytes each.
+    """
+    per_entry = max(compute_bytes + 8, 12) if loss_fp32 else 3 * compute_bytes
+    return arch.vocab_size * per_entry

@@ -101,6 +101,12 @@ class Runtime:
     # peft's prepare_model_for_kbit_training (TRL/HF QLoRA recipes) casts every non-quantized parameter
     # (embeddings, lm_head, norms) to fp32; ftune keeps them in the compute dtype.
     kbit_fp32_upcast: bool = False
+    # The loss in fp32 (autocast's cross_entropy, transformers' .float()); False for a half-precision
+    # model run without autocast (DeepSpeed's fp16/bf16 engines), whose loss runs in the logits' dtype.
+    loss_fp32: bool = True
+    # Gradient buckets a framework keeps on the GPU through backward, e.g. DeepSpeed ZeRO-2 with
+    # contiguous_gradients + overlap_comm: two reduce buckets of reduce_bucket_size half-precision values.
+    grad_bucket_bytes: int = 0
 
 
 FTUNE = Runtime()
@@ -284,16 +290,26 @@ def _estimate(
                 ),
             )
         )
+    if runtime.grad_bucket_bytes:
+        fwd.append(
+            Term(
+                name="framework gradient buckets",
+                bytes=runtime.grad_bucket_bytes,
+                note="kept by the training framework through backward (e.g. DeepSpeed ZeRO-2 reduce buckets)",
+            )
+        )
     # Backward first runs the loss (all activations still alive), then the blocks one at a time, after
     # the vocab-sized buffers are freed: the peak is the larger of the two, the other is listed at 0.
     loss_phase = [
         Term(
             name="logits and loss",
-            bytes=tokens * logits_bytes_per_token(arch, e),
+            bytes=tokens * logits_bytes_per_token(arch, e, runtime.loss_fp32),
             note=(
-                f"{tokens} tokens x vocab {arch.vocab_size:,} x {max(e + 8, 12)} B: forward keeps the "
-                f"logits ({e} B), their fp32 copy and the fp32 log-probs; backward starts with the "
-                "log-probs and two fp32 gradients"
+                f"{tokens} tokens x vocab {arch.vocab_size:,} x "
+                f"{logits_bytes_per_token(arch, e, runtime.loss_fp32) // arch.vocab_size} B: forward keeps "
+                f"the logits ({e} B), their {'fp32 ' if runtime.loss_fp32 else ''}copy and the log-probs; "
+                "backward starts with the log-probs and two gradients"
+                + ("" if runtime.loss_fp32 else f", all in {cdt} (no fp32 upcast)")
             ),
         )
     ]

@@ -11,8 +11,8 @@ import pytest
 from core.arch import from_config
 from core.errors import InvalidInput
 from core.gpus import GiB, resolve_gpu
-from core.memory import ActivationSetup, layer_saved_bytes_per_token, nf4_bytes
-from core.planner import Plan, estimate
+from core.memory import ActivationSetup, layer_saved_bytes_per_token, logits_bytes_per_token, nf4_bytes
+from core.planner import Plan, Runtime, estimate
 from core.spec import JobSpec
 
 LLAMA2_7B = {
@@ -255,3 +255,42 @@ def test_resolve_gpu() -> None:
     assert not resolve_gpu("T4").bf16_supported
     with pytest.raises(InvalidInput):
         resolve_gpu("Voodoo5")
+
+
+# -- loss head, phases, devices, framework settings ------------------------------------------------
+def test_loss_head_is_12_bytes_per_vocab_entry_in_fp32_and_3e_without_upcast() -> None:
+    arch = from_config(LLAMA3_8B)
+    assert logits_bytes_per_token(arch, 2) == logits_bytes_per_token(arch, 4) == 12 * arch.vocab_size
+    assert logits_bytes_per_token(arch, 2, loss_fp32=False) == 6 * arch.vocab_size
+
+
+def test_peak_takes_the_larger_of_loss_and_layer_backward() -> None:
+    arch, gpu = from_config(LLAMA3_8B), resolve_gpu("H100")
+    plan = estimate(spec(method="qlora", max_seq_len=4096), arch, gpu, suggest=False)
+    loss, layer = term(plan, "logits and loss"), term(plan, "recomputed layer")
+    assert (loss == 0) != (layer == 0)  # exactly one phase is at the peak, the other is noted
+    names = ("logits and loss", "recomputed layer")
+    idle = next(t for t in plan.breakdown if t.bytes == 0 and t.name in names)
+    assert "not at the peak" in idle.note
+    assert sum(t.bytes for t in plan.breakdown) == plan.total_bytes
+
+
+def test_cpu_device_has_no_cuda_terms() -> None:
+    from core.feasibility import device_gpu, plan_on
+
+    cpu = device_gpu({"kind": "cpu", "name": "cpu", "memory_bytes": 64 * GiB})
+    plan = plan_on(spec(), from_config(LLAMA2_7B), cpu)
+    assert term(plan, "CUDA context") == 0
+    norms = next(t for t in plan.breakdown if t.name == "gradient-norm buffers")
+    assert "CUDA" not in norms.note
+
+
+def test_kbit_upcast_keeps_unquantized_weights_in_fp32() -> None:
+    arch, gpu = from_config(LLAMA3_8B), resolve_gpu("A100-80GB")
+    job = spec(method="qlora", max_seq_len=2048)
+    plain = estimate(job, arch, gpu, suggest=False)
+    upcast = estimate(job, arch, gpu, suggest=False, runtime=Runtime(kbit_fp32_upcast=True))
+    assert term(upcast, "unquantized weights") == 2 * term(plain, "unquantized weights")
+    assert term(upcast, "lm_head compute-dtype copy") == arch.vocab_size * arch.hidden_size * 2
+    assert term(upcast, "activations") > term(plain, "activations")  # fp32 residual stream
+    assert upcast.total_bytes > plain.total_bytes
