@@ -66,17 +66,20 @@ def test_nf4_bytes_equal_bitsandbytes(shape: tuple[int, int], double_quant: bool
 
 
 @pytest.mark.parametrize(
-    ("method", "targets", "attn"),
+    ("method", "targets", "attn", "autocast"),
     [
-        ("lora", "all-linear", "sdpa"),
-        ("lora", ["q_proj", "v_proj"], "sdpa"),
-        ("full", None, "sdpa"),
-        ("lora", "all-linear", "eager"),
-        ("full", None, "eager"),
+        ("lora", "all-linear", "sdpa", True),
+        ("lora", ["q_proj", "v_proj"], "sdpa", True),
+        ("full", None, "sdpa", True),
+        ("lora", "all-linear", "eager", True),
+        ("full", None, "eager", True),
+        ("lora", "all-linear", "sdpa", False),  # fp32: lora_A shares the base linears' inputs
+        ("lora", ["q_proj", "o_proj", "down_proj"], "sdpa", False),
     ],
 )
-def test_saved_tensor_model_matches_autograd(method: str, targets, attn: str) -> None:
-    """Per-layer bytes the planner assumes = bytes autograd really saves (CPU, bf16 autocast, no dropout)."""
+def test_saved_tensor_model_matches_autograd(method: str, targets, attn: str, autocast: bool) -> None:
+    """Per-layer bytes the planner assumes = bytes autograd really saves (CPU, bf16 autocast or plain
+    fp32, no dropout)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
@@ -97,7 +100,9 @@ def test_saved_tensor_model_matches_autograd(method: str, targets, attn: str) ->
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.manual_seed(0)
-            model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+            model = transformers.AutoModelForCausalLM.from_config(config)
+            if autocast:
+                model = model.to(torch.bfloat16)
             if method == "lora":
                 model = peft.get_peft_model(
                     model, peft.LoraConfig(r=4, target_modules=targets, lora_dropout=0.0)
@@ -112,7 +117,7 @@ def test_saved_tensor_model_matches_autograd(method: str, targets, attn: str) ->
         ids = torch.randint(3, 101, (b, s))
         with (
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-            torch.autocast("cpu", torch.bfloat16),
+            torch.autocast("cpu", torch.bfloat16, enabled=autocast),
         ):
             model(input_ids=ids, labels=ids)
         return sum(seen.values())
@@ -121,8 +126,8 @@ def test_saved_tensor_model_matches_autograd(method: str, targets, attn: str) ->
     arch = from_config({"model_type": "llama", "num_hidden_layers": 2, **cfg})
     lora = () if method == "full" else tuple(arch.lora_targets(targets))
     setup = ActivationSetup(
-        compute_bytes=2,
-        autocast=True,
+        compute_bytes=2 if autocast else 4,
+        autocast=autocast,
         full=method == "full",
         lora=lora,
         lora_r=4,
