@@ -58,6 +58,7 @@ class ActivationSetup:
     kv_repeated: bool  # k/v expanded to all query heads before attention (repeat_kv)
     seq_len: int
     mask_bytes: int = 1  # dropout mask per element: CUDA's fused dropout keeps a bool; a CPU one a float
+    lora_bytes: int = 0  # lora_A's saved input copy; 0: the compute dtype under autocast, else fp32
 
 
 def layer_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> tuple[float, list[str]]:
@@ -113,7 +114,7 @@ def _lora_saved_per_token(arch: Architecture, s: ActivationSetup) -> float:
     whose input is the attention output the kernel already keeps.
     """
     e = s.compute_bytes
-    lora_e = e if s.autocast else 4
+    lora_e = s.lora_bytes or (e if s.autocast else 4)
     own_copy = s.autocast or e != 4 or s.lora_dropout
     block = {b.name for b in arch.block_linears}
     total = 0.0

@@ -134,11 +134,19 @@ def _estimate(
 ) -> Plan:
     n = spec.num_gpus
     method = spec.method
-    store = storage_dtype(spec, arch)
+    cpu = gpu.kind == "cpu"
+    # the engine loads QLoRA's unquantized layers (and dequantizes) in its device dtype (training.model)
+    store = ("float32" if cpu else "bfloat16") if method == "qlora" else storage_dtype(spec, arch)
     sb = DTYPE_BYTES[store]
     cdt = compute_dtype(spec, arch, gpu)
     autocast = spec.mixed_precision != "no" and cdt != "float32"
-    e = DTYPE_BYTES[cdt] if autocast else sb
+    ce = DTYPE_BYTES[cdt]  # what autocast casts to
+    e = ce if autocast else sb
+    lora_b = 0
+    if method == "qlora" and cpu:
+        # on a CPU the engine loads QLoRA in fp32 and bitsandbytes computes in fp32: the activations stay
+        # fp32; autocast only casts the LoRA branch
+        e, lora_b = 4, (ce if autocast else 0)
     full = method == "full"
     lora = () if full else tuple(arch.lora_targets(spec.lora_target_modules))
     total_params = arch.total_params
@@ -165,8 +173,8 @@ def _estimate(
             )
         )
         up = runtime.kbit_fp32_upcast
-        qb = 4 if up else DTYPE_BYTES[cdt]
-        how = "cast to fp32 by prepare_model_for_kbit_training" if up else f"in the compute dtype {cdt}"
+        qb = 4 if up else sb
+        how = "cast to fp32 by prepare_model_for_kbit_training" if up else f"in {store}"
         persistent.append(
             Term(
                 name="unquantized weights",
@@ -239,7 +247,6 @@ def _estimate(
         persistent.append(Term(name="optimizer states", bytes=opt_bytes // n, note=f"{opt_note}{shard}"))
 
     # -- forward/backward transients --------------------------------------------------------------------
-    cpu = gpu.kind == "cpu"
     upcast = method == "qlora" and runtime.kbit_fp32_upcast
     b, s = spec.micro_batch_size, spec.max_seq_len
     tokens = b * s
@@ -254,7 +261,8 @@ def _estimate(
         attn=spec.attn_implementation,
         kv_repeated=spec.attn_implementation == "sdpa" and b > 1,
         seq_len=s,
-        mask_bytes=e if cpu else 1,
+        mask_bytes=4 if cpu else 1,  # a CPU dropout keeps a mask in the fp32 adapter dtype
+        lora_bytes=lora_b,
     )
     per_layer, parts = layer_saved_bytes_per_token(arch, setup)
     layer_bytes = int(per_layer * tokens)
@@ -271,25 +279,28 @@ def _estimate(
         act_note = f"{arch.num_layers} layers x {tokens} tokens x {per_layer:,.0f} B/token + final norm"
     act_note += f"; per layer B/token: {', '.join(parts)}; sequences padded to max_seq_len"
     fwd: list[Term] = [Term(name="activations", bytes=int(act), note=act_note)]
-    if autocast and e < 4 and (not full or sb == 4):
+    if autocast and ce < 4 and (not full or sb == 4):
         fwd.append(
             Term(
                 name="autocast weight copies",
-                bytes=trainable * e // n,
+                bytes=trainable * ce // n,
                 note=(f"fp32 trainable weights cast to {cdt} and cached for the forward/backward"),
             )
         )
-    if upcast and autocast and e < 4:
-        fwd.append(
-            Term(
-                name="lm_head compute-dtype copy",
-                bytes=arch.vocab_size * h * e,
-                note=(
-                    f"the fp32 lm_head weight cast to {cdt} by autocast for the logits matmul, which keeps "
-                    "the copy for backward"
-                ),
+    # Autocast casts frozen fp32 weights to the compute dtype at each use; the matmul keeps that copy for
+    # the input gradient. Block linears: every layer's without checkpointing, one layer's with it.
+    frozen_cast = autocast and ce < 4 and not full
+    block_copy = 0
+    if frozen_cast and method == "lora" and sb == 4:
+        block_copy = sum(m.weight_numel for m in arch.block_linears) * ce
+        if not spec.gradient_checkpointing:
+            fwd.append(
+                Term(
+                    name="autocast copies of frozen weights",
+                    bytes=arch.num_layers * block_copy,
+                    note=f"every block linear's fp32 weight cast to {cdt} by autocast, kept by its matmul",
+                )
             )
-        )
     if runtime.grad_bucket_bytes:
         fwd.append(
             Term(
@@ -300,7 +311,20 @@ def _estimate(
         )
     # Backward first runs the loss (all activations still alive), then the blocks one at a time, after
     # the vocab-sized buffers are freed: the peak is the larger of the two, the other is listed at 0.
-    loss_phase = [
+    head_b = (4 if upcast else sb) if method == "qlora" else sb
+    loss_phase = []
+    if frozen_cast and head_b == 4:
+        loss_phase.append(
+            Term(
+                name="lm_head compute-dtype copy",
+                bytes=arch.vocab_size * h * ce,
+                note=(
+                    f"the frozen fp32 lm_head weight cast to {cdt} by autocast for the logits matmul, which "
+                    "keeps the copy until the lm_head's backward"
+                ),
+            )
+        )
+    loss_phase += [
         Term(
             name="logits and loss",
             bytes=tokens * logits_bytes_per_token(arch, e, runtime.loss_fp32),
@@ -318,8 +342,9 @@ def _estimate(
         layer_phase.append(
             Term(
                 name="recomputed layer",
-                bytes=layer_bytes,
-                note="backward re-runs one checkpointed layer's forward and holds what it saves",
+                bytes=layer_bytes + block_copy,
+                note="backward re-runs one checkpointed layer's forward and holds what it saves"
+                + (f" (+ its linears' {cdt} weight copies)" if block_copy else ""),
             )
         )
     layer_phase.append(

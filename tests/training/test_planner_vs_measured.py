@@ -28,15 +28,21 @@ SEQ = 128
 WIDE = DemoSize(hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=704,
                 vocab_size=512, max_position_embeddings=512)  # fmt: skip
 
+# shape, method, checkpointing, micro-batch, LoRA dropout, mixed precision ("bf16": CPU autocast, the
+# GPU path's dtypes: bf16 activations, per-module LoRA casts, autocast copies of fp32 weights)
 CONFIGS = [
-    ("tiny", "lora", False, 2, 0.0),
-    ("tiny", "qlora", True, 4, 0.05),
-    ("wide", "lora", False, 2, 0.0),
-    ("wide", "lora", False, 4, 0.05),
-    ("wide", "lora", True, 2, 0.0),
-    ("wide", "lora", True, 4, 0.0),
-    ("wide", "qlora", False, 2, 0.0),
-    ("wide", "qlora", True, 4, 0.0),
+    ("tiny", "lora", False, 2, 0.0, "no"),
+    ("tiny", "qlora", True, 4, 0.05, "no"),
+    ("tiny", "lora", False, 4, 0.0, "bf16"),
+    ("wide", "lora", False, 2, 0.0, "no"),
+    ("wide", "lora", False, 4, 0.05, "no"),
+    ("wide", "lora", True, 2, 0.0, "no"),
+    ("wide", "lora", True, 4, 0.0, "no"),
+    ("wide", "qlora", False, 2, 0.0, "no"),
+    ("wide", "qlora", True, 4, 0.0, "no"),
+    ("wide", "lora", False, 2, 0.0, "bf16"),
+    ("wide", "lora", True, 4, 0.05, "bf16"),
+    ("wide", "qlora", True, 4, 0.0, "bf16"),
 ]
 
 
@@ -54,7 +60,7 @@ def long_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_jsonl(tmp_path_factory.mktemp("data") / "long.jsonl", rows)
 
 
-@pytest.mark.parametrize(("shape", "method", "ckpt", "batch", "dropout"), CONFIGS)
+@pytest.mark.parametrize(("shape", "method", "ckpt", "batch", "dropout", "precision"), CONFIGS)
 def test_prediction_within_15_percent_of_measured_peak(
     shapes: dict[str, Path],
     long_rows: Path,
@@ -64,6 +70,7 @@ def test_prediction_within_15_percent_of_measured_peak(
     ckpt: bool,
     batch: int,
     dropout: float,
+    precision: str,
 ) -> None:
     spec = JobSpec(
         base_model=shape,
@@ -75,6 +82,7 @@ def test_prediction_within_15_percent_of_measured_peak(
         lora_r=8,
         lora_alpha=16,
         lora_dropout=dropout,
+        mixed_precision=precision,
         max_seq_len=SEQ,
         max_steps=2,
         checkpoint_every_steps=0,
@@ -96,7 +104,7 @@ def test_prediction_within_15_percent_of_measured_peak(
     assert predicted == plan_on(spec, load_architecture(shapes[shape]), cpu).allocated_bytes
     error = (predicted - measured) / measured
     print(
-        f"\n{shape:5} {method:5} ckpt={ckpt!s:5} batch={batch} dropout={dropout:.2f}: "
+        f"\n{shape:5} {method:5} ckpt={ckpt!s:5} batch={batch} dropout={dropout:.2f} amp={precision:4}: "
         f"predicted {predicted / 2**20:7.3f} MiB, measured {measured / 2**20:7.3f} MiB, "
         f"error {error:+.1%}"
     )
