@@ -2,11 +2,16 @@
 
 Model of the peak (per GPU), each piece a named Term with its assumption in `note`:
   persistent   base weights (+ NF4 constants), LoRA adapters, gradients, optimizer states, master weights
-  fwd/bwd      activations saved for backward, logits + loss, backward buffers, QLoRA dequant buffer,
-               autocast copies, FSDP all-gathered units
-  step         paged optimizer states (paged in), foreach-AdamW temporaries, grad-norm buffers
+  fwd/bwd      activations saved for backward, autocast copies, FSDP all-gathered units, and the larger of
+                 loss      logits + loss buffers at backward start (+ a cast lm_head copy)
+                 layer     one block's backward: recomputed layer (checkpointing), gradients in flight,
+                           QLoRA's dequantized weight
+  step         paged optimizer states (paged in), AdamW temporaries, grad-norm buffers
   peak = persistent + max(fwd/bwd, step) + CUDA context + fragmentation margin
-The phase that is not the peak is listed with 0 bytes and its size in the note, so terms sum to total.
+allocated_bytes (the peak without the last two) is what a run measures: max_memory_allocated on CUDA,
+live tensor bytes on a CPU (tests/training/test_planner_vs_measured.py holds it within 15% there).
+A phase that is not the peak is listed with 0 bytes and its size in the note, so terms sum to total.
+What a training framework keeps beyond the JobSpec (ftune's engine by default) is a Runtime.
 """
 
 from __future__ import annotations
