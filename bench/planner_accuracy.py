@@ -2,7 +2,10 @@
 
 Cases (bench/planner_cases.json) are measured peaks from public sources, each with its citation;
 architectures come from config dicts written by hand from the models' public config.json. The
-planner is run unchanged (no per-row fitting). Prints prediction vs measurement per case, the error,
+planner is run unchanged (no per-row fitting); a case states only what its source's framework did
+(`runtime`: core.planner.Runtime fields, e.g. peft's fp32 upcast for QLoRA) and what its number measures
+(`measures`: device | reserved | allocated), each with the evidence or assumption in its `note`.
+Prints prediction vs measurement per case, the error,
 the median absolute error, and how long a plan with suggestions takes.
 """
 
@@ -18,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.arch import from_config
 from core.gpus import resolve_gpu
-from core.planner import estimate
+from core.planner import Runtime, estimate
 from core.spec import JobSpec
 
 GiB = 2**30
@@ -46,8 +49,9 @@ def run(verbose: bool = False) -> float:
             attn_implementation=case["attn"],
             num_gpus=case["num_gpus"],
         )
-        plan = estimate(spec, archs[case["model"]], resolve_gpu(case["gpu"]), suggest=False)
-        pred = plan.total_bytes / GiB
+        runtime = Runtime(**case.get("runtime", {}))
+        plan = estimate(spec, archs[case["model"]], resolve_gpu(case["gpu"]), suggest=False, runtime=runtime)
+        pred = predicted_bytes(plan, case.get("measures", "device")) / GiB
         err = 100 * (pred - case["measured_gib"]) / case["measured_gib"]
         errors.append(err)
         by_source.setdefault(case["id"].split("/")[0], []).append(abs(err))
@@ -65,6 +69,16 @@ def run(verbose: bool = False) -> float:
         print(f"  {source:12} n={len(errs):2}  median |err| {statistics.median(errs):5.1f}%")
     _timing(archs["llama-3.1-8b"])
     return med
+
+
+def predicted_bytes(plan, measures: str) -> int:
+    """The part of the plan a source's number measures: "device" (nvidia-smi, or the GPU size a run just
+    fit in) is the whole plan; "reserved" (torch.cuda.max_memory_reserved) leaves out the CUDA context,
+    which lives outside torch's allocator; "allocated" (max_memory_allocated) also the allocator's margin."""
+    if measures == "allocated":
+        return plan.allocated_bytes
+    context = sum(t.bytes for t in plan.breakdown if t.name == "CUDA context")
+    return plan.total_bytes - (context if measures == "reserved" else 0)
 
 
 def _timing(arch) -> None:

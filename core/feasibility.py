@@ -24,7 +24,11 @@ def device_gpu(device: dict[str, Any]) -> Gpu:
     """The planner's Gpu for a device a worker reported."""
     if device.get("kind") == "cpu":
         return Gpu(
-            name="cpu", memory_bytes=int(device["memory_bytes"]), bf16_flops=None, bf16_supported=False
+            name="cpu",
+            memory_bytes=int(device["memory_bytes"]),
+            bf16_flops=None,
+            bf16_supported=False,
+            kind="cpu",
         )
     try:
         return resolve_gpu(str(device["name"]))

@@ -30,6 +30,7 @@ class Gpu(BaseModel):
     memory_bytes: int
     bf16_flops: float | None = None  # dense (not sparse) bf16 tensor FLOP/s; fp16 where no bf16
     bf16_supported: bool = True  # Volta/Turing have no bf16: mixed precision "auto" means fp16 there
+    kind: str = "cuda"  # "cpu": a CPU worker's RAM (no CUDA context, no CUDA-only workspaces)
 
     @property
     def reserve_bytes(self) -> int:

@@ -57,6 +57,8 @@ class ActivationSetup:
     attn: str  # sdpa | eager | flash_attention_2
     kv_repeated: bool  # k/v expanded to all query heads before attention (repeat_kv)
     seq_len: int
+    mask_bytes: int = 1  # dropout mask per element: CUDA's fused dropout keeps a bool; a CPU one a float
+    lora_bytes: int = 0  # lora_A's saved input copy; 0: the compute dtype under autocast, else fp32
 
 
 def layer_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> tuple[float, list[str]]:
@@ -65,8 +67,7 @@ def layer_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> tuple
     Derived from a Llama block (and checked on CPU with saved-tensor hooks):
       - each RMSNorm/LayerNorm keeps its fp32 upcast input (4 B x hidden); full FT also its output
       - a frozen base linear keeps nothing (autograd saves an input only for a weight gradient);
-        a LoRA-wrapped one keeps the dropout mask (1 B, CUDA bool) and the input cast to the compute
-        dtype for lora_A (or, without dropout, just that cast), plus lora_A's r outputs
+        a LoRA-wrapped one keeps what lora_A reads, plus lora_A's r outputs (see _lora_saved_per_token)
       - SDPA/flash keep q, k, v, the output and a fp32 logsumexp per head; eager keeps q, k, v
         (k, v repeated to all heads), the fp32 softmax and its compute-dtype copy: (4 + 2) x heads x seq
       - a gated MLP keeps gate (act input), act output and up (the product's operands): 3 x inter;
@@ -98,23 +99,61 @@ def layer_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> tuple
             groups.pop("attn_out", None)  # the attention output is already kept by SDPA/flash
         parts["linear inputs"] = e * sum(groups.values())
     elif s.lora:
-        lora_e = e if s.autocast else 4
-        per_in = lora_e + (1 if s.lora_dropout else 0)
-        total = 0.0
-        for m, layers in s.lora:
-            if m.name in {b.name for b in arch.block_linears}:
-                total += (per_in * m.in_features + lora_e * s.lora_r) * layers / arch.num_layers
-        parts["LoRA inputs (dropout mask + cast), A outputs"] = total
+        parts["LoRA inputs (dropout mask + cast), A outputs"] = _lora_saved_per_token(arch, s)
     return sum(parts.values()), [f"{k} {v:,.0f}" for k, v in parts.items() if v]
 
 
+def _lora_saved_per_token(arch: Architecture, s: ActivationSetup) -> float:
+    """What LoRA adds per token (averaged over layers): lora_A's saved input and lora_B's (r outputs).
+
+    lora_A saves its input for its weight gradient. When that input is a new tensor per module - cast
+    to the compute dtype by autocast, cast by peft to the fp32 adapter dtype, or passed through
+    dropout (which also keeps its mask) - each wrapped module keeps its own copy. Otherwise (fp32
+    activations, no autocast, no dropout) lora_A saves the very tensor the frozen base linear read:
+    one per input group (q/k/v share one, gate/up another), and none for o_proj under SDPA/flash,
+    whose input is the attention output the kernel already keeps.
+    """
+    e = s.compute_bytes
+    lora_e = s.lora_bytes or (e if s.autocast else 4)
+    own_copy = s.autocast or e != 4 or s.lora_dropout
+    block = {b.name for b in arch.block_linears}
+    total = 0.0
+    shared: dict[str, float] = {}
+    for m, layers in s.lora:
+        if m.name not in block:
+            continue
+        share = layers / arch.num_layers
+        total += lora_e * s.lora_r * share
+        if own_copy:
+            total += (lora_e + (s.mask_bytes if s.lora_dropout else 0)) * m.in_features * share
+        elif not (m.group == "attn_out" and s.attn != "eager"):
+            shared[m.group] = max(shared.get(m.group, 0.0), e * m.in_features * share)
+    return total + sum(shared.values())
+
+
 def backward_working_bytes_per_token(arch: Architecture, compute_bytes: int) -> int:
-    """Gradients in flight through one block: residual-stream grad in and out, MLP intermediate grads."""
-    return compute_bytes * (2 * arch.hidden_size + 2 * arch.intermediate_size)
+    """Gradients in flight through one block, beside its saved tensors: the residual-stream gradient
+    and, at the worst moment (the backward of the MLP's elementwise product), two intermediate-sized
+    gradients; the product's own saved input is freed by then."""
+    return compute_bytes * (arch.hidden_size + 2 * arch.intermediate_size)
 
 
-def logits_bytes_per_token(arch: Architecture, compute_bytes: int) -> int:
-    """transformers' causal-LM loss: logits (compute dtype, held by the output) -> .float() ->
-    cross_entropy, whose log_softmax keeps its fp32 output; backward starts with two fp32 vocab-size
-    gradients (d log-probs, d logits) alive at once. Peak: e + 4 + 4 + 4 bytes per vocab entry."""
-    return arch.vocab_size * (compute_bytes + 12)
+def dequant_excess_bytes(arch: Architecture, compute_bytes: int, tokens: int) -> int:
+    """QLoRA's dequantized weight lives only inside one matmul, when the second intermediate-sized
+    gradient of the working set does not exist: it adds only what it exceeds that gradient by."""
+    return max(0, arch.largest_linear_numel * compute_bytes - compute_bytes * arch.intermediate_size * tokens)
+
+
+def logits_bytes_per_token(arch: Architecture, compute_bytes: int, loss_fp32: bool = True) -> int:
+    """The causal-LM loss head, per token: bytes per vocab entry x vocab.
+
+    fp32 loss (ftune's loop, transformers' loss, autocast's cross_entropy): forward keeps the logits
+    (e B), their fp32 copy (.float(), or the contiguous copy of the shifted slice) and log_softmax's
+    fp32 output: e + 8. Backward starts with the kept log-probs, nll_loss's dense fp32 gradient and
+    log_softmax's fp32 input gradient: 12 (nothing references the logits by then). The peak is the
+    larger, 12 B for e <= 4 (measured on CPU in tests/training/test_planner_vs_measured.py).
+    A loss in the logits' own dtype (a half-precision model run without autocast, e.g. DeepSpeed's
+    fp16 engine): the same three tensors at e bytes each.
+    """
+    per_entry = max(compute_bytes + 8, 12) if loss_fp32 else 3 * compute_bytes
+    return arch.vocab_size * per_entry

@@ -2,15 +2,21 @@
 
 Model of the peak (per GPU), each piece a named Term with its assumption in `note`:
   persistent   base weights (+ NF4 constants), LoRA adapters, gradients, optimizer states, master weights
-  fwd/bwd      activations saved for backward, logits + loss, backward buffers, QLoRA dequant buffer,
-               autocast copies, FSDP all-gathered units
-  step         paged optimizer states (paged in), foreach-AdamW temporaries, grad-norm buffers
+  fwd/bwd      activations saved for backward, autocast copies, FSDP all-gathered units, and the larger of
+                 loss      logits + loss buffers at backward start (+ a cast lm_head copy)
+                 layer     one block's backward: recomputed layer (checkpointing), gradients in flight,
+                           QLoRA's dequantized weight
+  step         paged optimizer states (paged in), AdamW temporaries, grad-norm buffers
   peak = persistent + max(fwd/bwd, step) + CUDA context + fragmentation margin
-The phase that is not the peak is listed with 0 bytes and its size in the note, so terms sum to total.
+allocated_bytes (the peak without the last two) is what a run measures: max_memory_allocated on CUDA,
+live tensor bytes on a CPU (tests/training/test_planner_vs_measured.py holds it within 15% there).
+A phase that is not the peak is listed with 0 bytes and its size in the note, so terms sum to total.
+What a training framework keeps beyond the JobSpec (ftune's engine by default) is a Runtime.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -22,6 +28,7 @@ from core.memory import (
     ActivationSetup,
     adam8bit_state_bytes,
     backward_working_bytes_per_token,
+    dequant_excess_bytes,
     layer_saved_bytes_per_token,
     logits_bytes_per_token,
     nf4_bytes,
@@ -84,25 +91,67 @@ def storage_dtype(spec: JobSpec, arch: Architecture | None) -> str:
     return (arch.config_dtype if arch else None) or "float32"
 
 
+def _idle(terms: list[Term], why: str) -> list[Term]:
+    """Terms of a phase that is not at the peak: 0 bytes, their size kept in the note."""
+    return [
+        Term(name=t.name, bytes=0, note=f"{_gib(t.bytes)} not at the peak ({why}): {t.note}") for t in terms
+    ]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What the training framework keeps that a JobSpec does not say; the default is ftune's engine.
+    bench/planner_accuracy.py states these per published run."""
+
+    # peft's prepare_model_for_kbit_training (TRL/HF QLoRA recipes) casts every non-quantized parameter
+    # (embeddings, lm_head, norms) to fp32; ftune keeps them in the compute dtype.
+    kbit_fp32_upcast: bool = False
+    # The loss in fp32 (autocast's cross_entropy, transformers' .float()); False for a half-precision
+    # model run without autocast (DeepSpeed's fp16/bf16 engines), whose loss runs in the logits' dtype.
+    loss_fp32: bool = True
+    # Gradient buckets a framework keeps on the GPU through backward, e.g. DeepSpeed ZeRO-2 with
+    # contiguous_gradients + overlap_comm: two reduce buckets of reduce_bucket_size half-precision values.
+    grad_bucket_bytes: int = 0
+
+
+FTUNE = Runtime()
+
+
 def estimate(
-    spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int | None = None, *, suggest: bool = True
+    spec: JobSpec,
+    arch: Architecture,
+    gpu: Gpu,
+    tokens_per_epoch: int | None = None,
+    *,
+    suggest: bool = True,
+    runtime: Runtime = FTUNE,
 ) -> Plan:
-    plan = _estimate(spec, arch, gpu, tokens_per_epoch)
+    plan = _estimate(spec, arch, gpu, tokens_per_epoch, runtime)
     if suggest and not plan.fits:
         from core.suggest import suggestions
 
-        plan = plan.model_copy(update={"suggestions": suggestions(spec, arch, gpu)})
+        plan = plan.model_copy(update={"suggestions": suggestions(spec, arch, gpu, runtime)})
     return plan
 
 
-def _estimate(spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int | None) -> Plan:
+def _estimate(
+    spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int | None, runtime: Runtime = FTUNE
+) -> Plan:
     n = spec.num_gpus
     method = spec.method
-    store = storage_dtype(spec, arch)
+    cpu = gpu.kind == "cpu"
+    # the engine loads QLoRA's unquantized layers (and dequantizes) in its device dtype (training.model)
+    store = ("float32" if cpu else "bfloat16") if method == "qlora" else storage_dtype(spec, arch)
     sb = DTYPE_BYTES[store]
     cdt = compute_dtype(spec, arch, gpu)
     autocast = spec.mixed_precision != "no" and cdt != "float32"
-    e = DTYPE_BYTES[cdt] if autocast else sb
+    ce = DTYPE_BYTES[cdt]  # what autocast casts to
+    e = ce if autocast else sb
+    lora_b = 0
+    if method == "qlora" and cpu:
+        # on a CPU the engine loads QLoRA in fp32 and bitsandbytes computes in fp32: the activations stay
+        # fp32; autocast only casts the LoRA branch
+        e, lora_b = 4, (ce if autocast else 0)
     full = method == "full"
     lora = () if full else tuple(arch.lora_targets(spec.lora_target_modules))
     total_params = arch.total_params
@@ -128,14 +177,16 @@ def _estimate(spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int
                 ),
             )
         )
-        qb = DTYPE_BYTES[cdt]
+        up = runtime.kbit_fp32_upcast
+        qb = 4 if up else sb
+        how = "cast to fp32 by prepare_model_for_kbit_training" if up else f"in {store}"
         persistent.append(
             Term(
                 name="unquantized weights",
                 bytes=rest * qb // n,
                 note=(
-                    f"{rest:,} params loaded in the compute dtype {cdt}: embeddings, lm_head, norms, biases "
-                    f"(bitsandbytes quantizes only the decoder-block linears; no fp32 upcast){shard}"
+                    f"{rest:,} params {how}: embeddings, lm_head, norms, biases (bitsandbytes quantizes "
+                    f"only the decoder-block linears){shard}"
                 ),
             )
         )
@@ -201,8 +252,10 @@ def _estimate(spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int
         persistent.append(Term(name="optimizer states", bytes=opt_bytes // n, note=f"{opt_note}{shard}"))
 
     # -- forward/backward transients --------------------------------------------------------------------
+    upcast = method == "qlora" and runtime.kbit_fp32_upcast
     b, s = spec.micro_batch_size, spec.max_seq_len
     tokens = b * s
+    h = arch.hidden_size
     setup = ActivationSetup(
         compute_bytes=e,
         autocast=autocast,
@@ -213,54 +266,116 @@ def _estimate(spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int
         attn=spec.attn_implementation,
         kv_repeated=spec.attn_implementation == "sdpa" and b > 1,
         seq_len=s,
+        mask_bytes=4 if cpu else 1,  # a CPU dropout keeps a mask in the fp32 adapter dtype
+        lora_bytes=lora_b,
     )
     per_layer, parts = layer_saved_bytes_per_token(arch, setup)
-    layer_bytes = per_layer * tokens
+    layer_bytes = int(per_layer * tokens)
+    res_b = 4 if upcast else e  # dtype of the residual stream between blocks
+    final_norm = 4 * h * tokens  # the final norm keeps its fp32 input
     if spec.gradient_checkpointing:
-        act = arch.num_layers * e * arch.hidden_size * tokens + layer_bytes
+        act = arch.num_layers * res_b * h * tokens + final_norm
         act_note = (
-            f"checkpointing: each of {arch.num_layers} layers keeps its input ({e} B x hidden x "
-            f"{tokens} tokens) + one layer recomputed in backward ({_gib(layer_bytes)})"
+            f"checkpointing: each of {arch.num_layers} layers keeps its input ({res_b} B x hidden x "
+            f"{tokens} tokens) + the final norm's fp32 input"
         )
     else:
-        act = arch.num_layers * layer_bytes + 4 * arch.hidden_size * tokens
+        act = arch.num_layers * layer_bytes + final_norm
         act_note = f"{arch.num_layers} layers x {tokens} tokens x {per_layer:,.0f} B/token + final norm"
     act_note += f"; per layer B/token: {', '.join(parts)}; sequences padded to max_seq_len"
-    fwd: list[Term] = [
-        Term(name="activations", bytes=int(act), note=act_note),
-        Term(
-            name="logits and loss",
-            bytes=tokens * logits_bytes_per_token(arch, e),
-            note=(
-                f"{tokens} tokens x vocab {arch.vocab_size:,} x ({e} B logits + 4 B fp32 log-probs saved + "
-                "8 B fp32 grads at backward start)"
-            ),
-        ),
-        Term(
-            name="backward working buffers",
-            bytes=tokens * backward_working_bytes_per_token(arch, e),
-            note="grads in flight through one block: 2 x hidden + 2 x intermediate per token",
-        ),
-    ]
-    if method == "qlora":
-        fwd.append(
-            Term(
-                name="QLoRA dequantization buffer",
-                bytes=arch.largest_linear_numel * e,
-                note=(
-                    f"largest block linear ({arch.largest_linear_numel:,} weights) dequantized to {cdt}, "
-                    "one at a time"
-                ),
-            )
-        )
-    if autocast and e < 4 and (not full or sb == 4):
+    fwd: list[Term] = [Term(name="activations", bytes=int(act), note=act_note)]
+    if autocast and ce < 4 and (not full or sb == 4):
         fwd.append(
             Term(
                 name="autocast weight copies",
-                bytes=trainable * e // n,
+                bytes=trainable * ce // n,
                 note=(f"fp32 trainable weights cast to {cdt} and cached for the forward/backward"),
             )
         )
+    # Autocast casts frozen fp32 weights to the compute dtype at each use; the matmul keeps that copy for
+    # the input gradient. Block linears: every layer's without checkpointing, one layer's with it.
+    frozen_cast = autocast and ce < 4 and not full
+    block_copy = 0
+    if frozen_cast and method == "lora" and sb == 4:
+        block_copy = sum(m.weight_numel for m in arch.block_linears) * ce
+        if not spec.gradient_checkpointing:
+            fwd.append(
+                Term(
+                    name="autocast copies of frozen weights",
+                    bytes=arch.num_layers * block_copy,
+                    note=f"every block linear's fp32 weight cast to {cdt} by autocast, kept by its matmul",
+                )
+            )
+    if runtime.grad_bucket_bytes:
+        fwd.append(
+            Term(
+                name="framework gradient buckets",
+                bytes=runtime.grad_bucket_bytes,
+                note="kept by the training framework through backward (e.g. DeepSpeed ZeRO-2 reduce buckets)",
+            )
+        )
+    # Backward first runs the loss (all activations still alive), then the blocks one at a time, after
+    # the vocab-sized buffers are freed: the peak is the larger of the two, the other is listed at 0.
+    head_b = (4 if upcast else sb) if method == "qlora" else sb
+    loss_phase = []
+    if frozen_cast and head_b == 4:
+        loss_phase.append(
+            Term(
+                name="lm_head compute-dtype copy",
+                bytes=arch.vocab_size * h * ce,
+                note=(
+                    f"the frozen fp32 lm_head weight cast to {cdt} by autocast for the logits matmul, which "
+                    "keeps the copy until the lm_head's backward"
+                ),
+            )
+        )
+    loss_phase += [
+        Term(
+            name="logits and loss",
+            bytes=tokens * logits_bytes_per_token(arch, e, runtime.loss_fp32),
+            note=(
+                f"{tokens} tokens x vocab {arch.vocab_size:,} x "
+                f"{logits_bytes_per_token(arch, e, runtime.loss_fp32) // arch.vocab_size} B: forward keeps "
+                f"the logits ({e} B), their {'fp32 ' if runtime.loss_fp32 else ''}copy and the log-probs; "
+                "backward starts with the log-probs and two gradients"
+                + ("" if runtime.loss_fp32 else f", all in {cdt} (no fp32 upcast)")
+            ),
+        )
+    ]
+    layer_phase: list[Term] = []
+    if spec.gradient_checkpointing:
+        layer_phase.append(
+            Term(
+                name="recomputed layer",
+                bytes=layer_bytes + block_copy,
+                note="backward re-runs one checkpointed layer's forward and holds what it saves"
+                + (f" (+ its linears' {cdt} weight copies)" if block_copy else ""),
+            )
+        )
+    layer_phase.append(
+        Term(
+            name="backward working buffers",
+            bytes=tokens * backward_working_bytes_per_token(arch, e),
+            note="grads in flight through one block: hidden + 2 x intermediate per token",
+        )
+    )
+    if method == "qlora":
+        layer_phase.append(
+            Term(
+                name="QLoRA dequantization buffer",
+                bytes=dequant_excess_bytes(arch, e, tokens),
+                note=(
+                    f"largest block linear ({arch.largest_linear_numel:,} weights) dequantized to {cdt}, "
+                    "one at a time, inside a matmul: counted beyond the intermediate-sized gradient it "
+                    "never coexists with"
+                ),
+            )
+        )
+    loss_total, layer_total = sum(t.bytes for t in loss_phase), sum(t.bytes for t in layer_phase)
+    if loss_total >= layer_total:
+        fwd += loss_phase + _idle(layer_phase, "the loss at backward start is larger")
+    else:
+        fwd += _idle(loss_phase, "a layer's backward is larger") + layer_phase
     if n > 1:
         layer_w = (
             sum(nf4_bytes(m.weight_numel) for m in arch.block_linears) + arch.norm_params_per_layer * sb
@@ -303,12 +418,15 @@ def _estimate(spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int
             )
         )
     if spec.optimizer == "adamw":
+        largest = max((spec.lora_r * max(m.in_features, m.out_features) for m, _ in lora), default=0)
         step.append(
             Term(
                 name="optimizer step temporaries",
-                bytes=trainable * state_elem // n,
+                bytes=(largest if cpu and not full else trainable) * state_elem // n,
                 note=(
-                    "torch foreach AdamW allocates sqrt(v) for all params at once (one state-sized buffer)"
+                    "torch AdamW on a CPU runs tensor by tensor: sqrt(v) of the largest one"
+                    if cpu
+                    else "torch foreach AdamW allocates sqrt(v) for all params at once (a state-sized buffer)"
                 ),
             )
         )
@@ -318,24 +436,24 @@ def _estimate(spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int
     step.append(
         Term(
             name="gradient-norm buffers",
-            bytes=n_tensors * 4 + 4 * MiB,
-            note=("clip_grad_norm_: one fp32 norm per trainable tensor + a 4 MiB reduction workspace"),
+            bytes=n_tensors * 4 + (0 if cpu else 4 * MiB),
+            note="clip_grad_norm_: one fp32 norm per trainable tensor"
+            + ("" if cpu else " + a 4 MiB CUDA reduction workspace"),
         )
     )
 
     fwd_total, step_total = sum(t.bytes for t in fwd), sum(t.bytes for t in step)
-    idle, idle_name = (step, "step") if fwd_total >= step_total else (fwd, "forward/backward")
-    idle[:] = [
-        Term(
-            name=t.name,
-            bytes=0,
-            note=f"{_gib(t.bytes)} not at the peak (the {idle_name} phase is smaller): {t.note}",
-        )
-        for t in idle
-    ]
+    if fwd_total >= step_total:
+        step = _idle(step, "the step phase is smaller")
+    else:
+        fwd = _idle(fwd, "the forward/backward phase is smaller")
     used = sum(t.bytes for t in persistent) + max(fwd_total, step_total)
     tail = [
-        Term(name="CUDA context", bytes=CUDA_CONTEXT_BYTES, note="CUDA context + cuBLAS workspace, ~500 MiB"),
+        Term(
+            name="CUDA context",
+            bytes=0 if cpu else CUDA_CONTEXT_BYTES,
+            note="none on a CPU" if cpu else "CUDA context + cuBLAS workspace, ~500 MiB",
+        ),
         Term(
             name="allocator fragmentation",
             bytes=int(used * FRAGMENTATION),

@@ -77,9 +77,11 @@ def _levers(spec: JobSpec) -> list[list[Option]]:
     return levers
 
 
-def suggestions(spec: JobSpec, arch: Architecture, gpu: Gpu) -> list:
+def suggestions(spec: JobSpec, arch: Architecture, gpu: Gpu, runtime=None) -> list:
     """Fitting alternatives to `spec`, cheapest first (see the module docstring)."""
-    from core.planner import Suggestion, _estimate
+    from core.planner import FTUNE, Suggestion, _estimate
+
+    runtime = runtime or FTUNE
 
     levers = _levers(spec)
     cache: dict[tuple, tuple[bool, int]] = {}
@@ -94,7 +96,7 @@ def suggestions(spec: JobSpec, arch: Architecture, gpu: Gpu) -> list:
         key = tuple(sorted(choice.items()))
         if key not in cache:
             new = spec.model_copy(update=merged(choice))
-            plan = _estimate(new, arch, gpu, None)
+            plan = _estimate(new, arch, gpu, None, runtime)
             cache[key] = (plan.fits, plan.total_bytes)
         return cache[key]
 

@@ -127,6 +127,7 @@ def _train(config, stop: StopFlag) -> int:
             "num_examples": len(items),
             "trainable_params": sum(p.numel() for p in params),
             "resumed_from_step": pos.step,
+            "predicted_peak_bytes": predicted_peak_bytes(spec, Path(config.model_dir), device),
         }
     )
     tracker = memory.PeakMemory(device)
@@ -221,6 +222,27 @@ def load_splits(config, tokenizer) -> tuple[list, list, int]:
         return items, val, dropped
     train, val = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
     return train, val, dropped
+
+
+def predicted_peak_bytes(spec, model_dir: Path, device) -> int | None:
+    """The planner's allocated bytes for this spec on the device this run uses: what the tracker
+    measures (max_memory_allocated on CUDA, live tensor bytes on a CPU), stored next to it."""
+    import torch
+
+    from core.arch import load_architecture
+    from core.feasibility import device_gpu, plan_on
+
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        dev = {"kind": "cuda", "name": props.name, "memory_bytes": props.total_memory}
+    else:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        dev = {"kind": "cpu", "name": "cpu", "memory_bytes": ram}
+    try:
+        return plan_on(spec, load_architecture(model_dir), device_gpu(dev)).allocated_bytes
+    except Exception:  # a model the planner does not know must not stop training
+        log.warning("no memory prediction for this run", exc_info=True)
+        return None
 
 
 def seed_everything(seed: int) -> None:

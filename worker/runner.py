@@ -157,6 +157,8 @@ class JobRunner:
                     progress.update(progress_values(rec))
                 elif kind == "start":
                     progress["total_steps"] = rec.get("total_steps")
+                    if rec.get("predicted_peak_bytes"):  # the plan for the device this attempt runs on
+                        progress["predicted_peak_bytes"] = rec["predicted_peak_bytes"]
                     resumed = rec.get("resumed_from_step") or 0
                     msg = f"training resumed from step {resumed}" if resumed else "training started"
                     jobs_db.add_event(s, job_id, "training_started", msg, rec)

@@ -11,8 +11,8 @@ import pytest
 from core.arch import from_config
 from core.errors import InvalidInput
 from core.gpus import GiB, resolve_gpu
-from core.memory import ActivationSetup, layer_saved_bytes_per_token, nf4_bytes
-from core.planner import Plan, estimate
+from core.memory import ActivationSetup, layer_saved_bytes_per_token, logits_bytes_per_token, nf4_bytes
+from core.planner import Plan, Runtime, estimate
 from core.spec import JobSpec
 
 LLAMA2_7B = {
@@ -66,17 +66,20 @@ def test_nf4_bytes_equal_bitsandbytes(shape: tuple[int, int], double_quant: bool
 
 
 @pytest.mark.parametrize(
-    ("method", "targets", "attn"),
+    ("method", "targets", "attn", "autocast"),
     [
-        ("lora", "all-linear", "sdpa"),
-        ("lora", ["q_proj", "v_proj"], "sdpa"),
-        ("full", None, "sdpa"),
-        ("lora", "all-linear", "eager"),
-        ("full", None, "eager"),
+        ("lora", "all-linear", "sdpa", True),
+        ("lora", ["q_proj", "v_proj"], "sdpa", True),
+        ("full", None, "sdpa", True),
+        ("lora", "all-linear", "eager", True),
+        ("full", None, "eager", True),
+        ("lora", "all-linear", "sdpa", False),  # fp32: lora_A shares the base linears' inputs
+        ("lora", ["q_proj", "o_proj", "down_proj"], "sdpa", False),
     ],
 )
-def test_saved_tensor_model_matches_autograd(method: str, targets, attn: str) -> None:
-    """Per-layer bytes the planner assumes = bytes autograd really saves (CPU, bf16 autocast, no dropout)."""
+def test_saved_tensor_model_matches_autograd(method: str, targets, attn: str, autocast: bool) -> None:
+    """Per-layer bytes the planner assumes = bytes autograd really saves (CPU, bf16 autocast or plain
+    fp32, no dropout)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
@@ -97,7 +100,9 @@ def test_saved_tensor_model_matches_autograd(method: str, targets, attn: str) ->
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.manual_seed(0)
-            model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+            model = transformers.AutoModelForCausalLM.from_config(config)
+            if autocast:
+                model = model.to(torch.bfloat16)
             if method == "lora":
                 model = peft.get_peft_model(
                     model, peft.LoraConfig(r=4, target_modules=targets, lora_dropout=0.0)
@@ -112,7 +117,7 @@ def test_saved_tensor_model_matches_autograd(method: str, targets, attn: str) ->
         ids = torch.randint(3, 101, (b, s))
         with (
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-            torch.autocast("cpu", torch.bfloat16),
+            torch.autocast("cpu", torch.bfloat16, enabled=autocast),
         ):
             model(input_ids=ids, labels=ids)
         return sum(seen.values())
@@ -121,8 +126,8 @@ def test_saved_tensor_model_matches_autograd(method: str, targets, attn: str) ->
     arch = from_config({"model_type": "llama", "num_hidden_layers": 2, **cfg})
     lora = () if method == "full" else tuple(arch.lora_targets(targets))
     setup = ActivationSetup(
-        compute_bytes=2,
-        autocast=True,
+        compute_bytes=2 if autocast else 4,
+        autocast=autocast,
         full=method == "full",
         lora=lora,
         lora_r=4,
@@ -255,3 +260,42 @@ def test_resolve_gpu() -> None:
     assert not resolve_gpu("T4").bf16_supported
     with pytest.raises(InvalidInput):
         resolve_gpu("Voodoo5")
+
+
+# -- loss head, phases, devices, framework settings ------------------------------------------------
+def test_loss_head_is_12_bytes_per_vocab_entry_in_fp32_and_3e_without_upcast() -> None:
+    arch = from_config(LLAMA3_8B)
+    assert logits_bytes_per_token(arch, 2) == logits_bytes_per_token(arch, 4) == 12 * arch.vocab_size
+    assert logits_bytes_per_token(arch, 2, loss_fp32=False) == 6 * arch.vocab_size
+
+
+def test_peak_takes_the_larger_of_loss_and_layer_backward() -> None:
+    arch, gpu = from_config(LLAMA3_8B), resolve_gpu("H100")
+    plan = estimate(spec(method="qlora", max_seq_len=4096), arch, gpu, suggest=False)
+    loss, layer = term(plan, "logits and loss"), term(plan, "recomputed layer")
+    assert (loss == 0) != (layer == 0)  # exactly one phase is at the peak, the other is noted
+    names = ("logits and loss", "recomputed layer")
+    idle = next(t for t in plan.breakdown if t.bytes == 0 and t.name in names)
+    assert "not at the peak" in idle.note
+    assert sum(t.bytes for t in plan.breakdown) == plan.total_bytes
+
+
+def test_cpu_device_has_no_cuda_terms() -> None:
+    from core.feasibility import device_gpu, plan_on
+
+    cpu = device_gpu({"kind": "cpu", "name": "cpu", "memory_bytes": 64 * GiB})
+    plan = plan_on(spec(), from_config(LLAMA2_7B), cpu)
+    assert term(plan, "CUDA context") == 0
+    norms = next(t for t in plan.breakdown if t.name == "gradient-norm buffers")
+    assert "CUDA" not in norms.note
+
+
+def test_kbit_upcast_keeps_unquantized_weights_in_fp32() -> None:
+    arch, gpu = from_config(LLAMA3_8B), resolve_gpu("A100-80GB")
+    job = spec(method="qlora", max_seq_len=2048)
+    plain = estimate(job, arch, gpu, suggest=False)
+    upcast = estimate(job, arch, gpu, suggest=False, runtime=Runtime(kbit_fp32_upcast=True))
+    assert term(upcast, "unquantized weights") == 2 * term(plain, "unquantized weights")
+    assert term(upcast, "lm_head compute-dtype copy") == arch.vocab_size * arch.hidden_size * 2
+    assert term(upcast, "activations") > term(plain, "activations")  # fp32 residual stream
+    assert upcast.total_bytes > plain.total_bytes

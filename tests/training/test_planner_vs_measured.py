@@ -1,0 +1,111 @@
+"""The planner's prediction vs the peak a real training run measures, on CPU, within 15%.
+
+Each config trains a few optimizer steps through `training.run` (the path a worker runs), whose CPU
+tracker records the live tensor bytes of every step; the run's start record holds the planner's
+allocated bytes for the same spec on a CPU device. Two tiny Llama shapes: one where the vocab-sized
+loss buffers dominate, one where a decoder layer's activations do. Every example is longer than
+max_seq_len, so every micro-batch is max_seq_len wide, as the planner assumes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.arch import load_architecture
+from core.feasibility import device_gpu, plan_on
+from core.spec import JobSpec, RunConfig
+from tests.training.util import write_jsonl
+from training.demo import DemoSize, build_demo_model
+from training.metrics import read_metrics
+from training.run import run
+
+TOLERANCE = 0.15
+SEQ = 128
+# Wider layers and a small vocab: activations, not logits, make the peak.
+WIDE = DemoSize(hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=704,
+                vocab_size=512, max_position_embeddings=512)  # fmt: skip
+
+# shape, method, checkpointing, micro-batch, LoRA dropout, mixed precision ("bf16": CPU autocast, the
+# GPU path's dtypes: bf16 activations, per-module LoRA casts, autocast copies of fp32 weights)
+CONFIGS = [
+    ("tiny", "lora", False, 2, 0.0, "no"),
+    ("tiny", "qlora", True, 4, 0.05, "no"),
+    ("tiny", "lora", False, 4, 0.0, "bf16"),
+    ("wide", "lora", False, 2, 0.0, "no"),
+    ("wide", "lora", False, 4, 0.05, "no"),
+    ("wide", "lora", True, 2, 0.0, "no"),
+    ("wide", "lora", True, 4, 0.0, "no"),
+    ("wide", "qlora", False, 2, 0.0, "no"),
+    ("wide", "qlora", True, 4, 0.0, "no"),
+    ("wide", "lora", False, 2, 0.0, "bf16"),
+    ("wide", "lora", True, 4, 0.05, "bf16"),
+    ("wide", "qlora", True, 4, 0.0, "bf16"),
+]
+
+
+@pytest.fixture(scope="module")
+def shapes(tiny_model: Path, models_dir: Path) -> dict[str, Path]:
+    return {"tiny": tiny_model, "wide": build_demo_model(models_dir, name="wide", size=WIDE)}
+
+
+@pytest.fixture(scope="module")
+def long_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    lines = (Path(__file__).parents[2] / "training" / "demo_corpus.txt").read_text().splitlines()
+    rows: list[dict[str, Any]] = [
+        {"text": " ".join(lines[(7 * i + j) % len(lines)] for j in range(40))} for i in range(12)
+    ]
+    return write_jsonl(tmp_path_factory.mktemp("data") / "long.jsonl", rows)
+
+
+@pytest.mark.parametrize(("shape", "method", "ckpt", "batch", "dropout", "precision"), CONFIGS)
+def test_prediction_within_15_percent_of_measured_peak(
+    shapes: dict[str, Path],
+    long_rows: Path,
+    tmp_path: Path,
+    shape: str,
+    method: str,
+    ckpt: bool,
+    batch: int,
+    dropout: float,
+    precision: str,
+) -> None:
+    spec = JobSpec(
+        base_model=shape,
+        dataset_id="testdata01",
+        method=method,
+        gradient_checkpointing=ckpt,
+        micro_batch_size=batch,
+        gradient_accumulation_steps=2,
+        lora_r=8,
+        lora_alpha=16,
+        lora_dropout=dropout,
+        mixed_precision=precision,
+        max_seq_len=SEQ,
+        max_steps=2,
+        checkpoint_every_steps=0,
+    )
+    config = RunConfig(
+        job_id="jobmem",
+        spec=spec,
+        model_dir=str(shapes[shape]),
+        dataset_path=str(long_rows),
+        output_dir=str(tmp_path / "out"),
+    )
+    assert run(config) == 0
+    records = read_metrics(tmp_path / "out" / "metrics.jsonl")
+    start = next(r for r in records if r["type"] == "start")
+    measured = [r for r in records if r["type"] == "step"][-1]["peak_mem_bytes"]
+    predicted = start["predicted_peak_bytes"]
+
+    cpu = device_gpu({"kind": "cpu", "name": "cpu", "memory_bytes": 64 * 2**30})
+    assert predicted == plan_on(spec, load_architecture(shapes[shape]), cpu).allocated_bytes
+    error = (predicted - measured) / measured
+    print(
+        f"\n{shape:5} {method:5} ckpt={ckpt!s:5} batch={batch} dropout={dropout:.2f} amp={precision:4}: "
+        f"predicted {predicted / 2**20:7.3f} MiB, measured {measured / 2**20:7.3f} MiB, "
+        f"error {error:+.1%}"
+    )
+    assert abs(error) <= TOLERANCE

@@ -1,0 +1,54 @@
+"""The worker relays a run's measured peak and the planner's prediction for it onto the job row."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.schemas import job_out
+from core.settings import Settings
+from core.spec import JobSpec
+from models import datasets as datasets_db
+from models import jobs as jobs_db
+from models.db import make_engine, make_session_factory, session_scope
+from models.migrate import upgrade
+from models.tenants import get_or_create_tenant
+from worker.runner import JobRunner
+
+SPEC = JobSpec(base_model="m", dataset_id="ds000001")
+REPORT = {"valid": True, "format": "instruction", "num_examples": 3, "size_bytes": 10, "sha256": "0" * 64}
+
+
+@pytest.fixture
+def sessions(sqlite_url: str) -> Iterator[sessionmaker[Session]]:
+    upgrade(sqlite_url)
+    engine = make_engine(sqlite_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+def test_start_and_step_records_put_prediction_and_measurement_on_the_job(
+    sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    with session_scope(sessions) as s:
+        tenant = get_or_create_tenant(s, "t")
+        datasets_db.create_dataset(s, tenant.id, "ds000001", "a.jsonl", REPORT)
+        jobs_db.create_job(s, tenant.id, "job00000001", SPEC, predicted_peak_bytes=111)  # admission's plan
+        attempt = jobs_db.claim(s, "job00000001", "w1", 60)
+    assert attempt == 1
+    settings = Settings(data_dir=tmp_path / "data", models_dir=tmp_path / "models")
+    runner = JobRunner(settings, sessions, enqueue=lambda job_id: True)
+    records = [
+        {"type": "start", "total_steps": 4, "resumed_from_step": 0, "predicted_peak_bytes": 5_000_000},
+        {"type": "step", "step": 1, "total_steps": 4, "loss": 2.0, "peak_mem_bytes": 4_900_000},
+    ]
+    assert runner._relay("job00000001", attempt, records)
+    with sessions() as s:
+        job = jobs_db.get_job(s, "job00000001")
+        assert job is not None
+        out = job_out(job)
+    # the plan for the device the run used replaces admission's plan for the fleet's device
+    assert (out.predicted_peak_bytes, out.peak_mem_bytes) == (5_000_000, 4_900_000)
