@@ -109,7 +109,9 @@ def read_examples(path: Path, column_mapping: dict[str, str] | None = None) -> I
     """
     mapping = check_column_mapping(column_mapping)
     with path.open("rb") as f:
-        for raw in f:
+        for number, raw in enumerate(f):
+            if number == 0:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark, as validation allows
             if not raw.strip():
                 continue
             obj = apply_column_mapping(json.loads(raw), mapping)

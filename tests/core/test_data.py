@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from core.data import DatasetReport, DatasetValidator, validate_file
@@ -487,6 +487,7 @@ def test_well_formed_files_pass_and_read_back(rows: list[dict[str, Any]], tmp_pa
 
 @settings(max_examples=100, deadline=None)
 @given(lines=lines)
+@example(lines=[b"\xef\xbb\xbf"])  # a file of only a byte-order mark: valid with min_examples=0
 def test_whatever_passes_is_readable_by_the_trainer(lines: list[bytes], tmp_path_factory: Any) -> None:
     data = b"\n".join(lines)
     r = feed(data, None, min_examples=0)
