@@ -16,7 +16,7 @@ from api.schemas import ArtifactOut, EventOut, EventPage, JobOut, Page, artifact
 from core.errors import Conflict, NotFound, RateLimited
 from core.spec import JobSpec
 from core.states import JobStatus
-from core.storage import new_id
+from core.storage import atomic_write_text, new_id
 from models import jobs as jobs_db
 from models import tenants as tenants_db
 from models.db import session_scope
@@ -62,6 +62,8 @@ def _create_job(spec: JobSpec, services: Services, principal: Principal) -> JSON
         plan = admit(s, services, spec, principal.tenant_id)
         predicted = plan.allocated_bytes if plan else None
         jobs_db.create_job(s, principal.tenant_id, job_id, spec, predicted, settings.max_attempts)
+        if plan is not None:  # the itemised prediction, shown beside the measured peak on the job page
+            atomic_write_text(services.storage.plan_path(job_id), plan.model_dump_json())
         jobs_db.mark_enqueued(s, job_id)
     services.enqueue(job_id)  # if the broker is down the reaper re-sends it; the job is safe in the DB
     with services.sessions() as s:
@@ -120,9 +122,11 @@ def get_metrics(
     services: ServicesDep,
     after_step: Annotated[int, Query(ge=0)] = 0,
 ) -> dict[str, Any]:
-    """The per-step training records (loss, lr, grad_norm, tokens/s, ...) for curves."""
+    """The per-step training records (loss, lr, grad_norm, tokens/s, ...) for curves, and any
+    evaluation records ({"type": "eval", "step", "loss" or "eval_loss", ...}) under "eval"."""
     _get(session, job_id, principal)
     steps: list[dict[str, Any]] = []
+    evals: list[dict[str, Any]] = []
     path = services.storage.metrics_path(job_id)
     if path.is_file():
         with path.open("rb") as f:
@@ -131,11 +135,20 @@ def get_metrics(
                     rec = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(rec, dict) and rec.get("type") == "step" and rec.get("step", 0) > after_step:
+                step = rec.get("step") if isinstance(rec, dict) else None
+                if not isinstance(step, int) or step <= after_step:
+                    continue
+                if rec.get("type") == "step":
                     steps.append(rec)
+                elif rec.get("type") == "eval":
+                    evals.append(rec)
     # After a resume the same step can appear twice; the later record wins.
     by_step = {r["step"]: r for r in steps}
-    return {"data": [by_step[k] for k in sorted(by_step)]}
+    eval_by_step = {r["step"]: r for r in evals}
+    return {
+        "data": [by_step[k] for k in sorted(by_step)],
+        "eval": [eval_by_step[k] for k in sorted(eval_by_step)],
+    }
 
 
 @router.get("/{job_id}/artifacts", response_model=list[ArtifactOut])
