@@ -42,7 +42,10 @@ def _poll(services: Services, job_id: str, after: int) -> tuple[list[str], int, 
     with services.sessions() as s:
         # Status first: finish() commits the status and its event together, so events read after a
         # terminal status include the terminal event.
-        status = s.get(Job, job_id).status  # type: ignore[union-attr]
+        job = s.get(Job, job_id)
+        if job is None:  # deleted while streaming: nothing more will come
+            return [], after, "deleted"
+        status = job.status
         rows, has_more = jobs_db.list_events(s, job_id, after, BATCH)
         frames = [frame(event_out(e).model_dump(mode="json"), id_=e.id) for e in rows]
     last = rows[-1].id if rows else after
