@@ -163,7 +163,7 @@ def _watch_row(page: Any, job_id: str, until: str, timeout: float, seen: list[st
 def test_dashboard_follows_a_training_job_live(stack: Stack, browser: Browser) -> None:
     assert stack.worker is None, "this test needs the worker not started yet (run the module in order)"
     job_id = stack.job_id
-    page = browser.new_page(f"{stack.base}/dashboard?interval=300")
+    page = browser.new_page(f"{stack.base}/dashboard?interval=500")
 
     # Without a key the page explains what it needs instead of showing errors.
     page.wait_for_selector("#login", state="visible")
@@ -188,7 +188,12 @@ def test_dashboard_follows_a_training_job_live(stack: Stack, browser: Browser) -
     _watch_row(page, job_id, "succeeded", 180, seen)
     _shot(page, "4-succeeded")
     assert seen == ["queued", "running", "succeeded"], seen
-    assert "dash-worker" in page.inner_text("#workers")
+    assert "dash-worker" in page.inner_text("#workers") and "alive" in page.inner_text("#workers")
+    assert page.inner_text("[data-count=succeeded] b") == "1"
+    page.select_option("#filter", "running")
+    page.wait_for_selector("#jobs >> text=no jobs with status running")
+    page.select_option("#filter", "succeeded")
+    page.wait_for_selector(f"#job-{job_id}[data-status=succeeded]")
     assert page.evaluate("window.__sameDocument") is True
 
     page.click(f"#job-{job_id} td:nth-child(2)")
