@@ -14,6 +14,7 @@ from api.auth import PrincipalDep, scope
 from api.deps import SessionDep
 from api.routes.workers import WorkerOut, list_workers
 from models import stats
+from models.tables import utcnow
 
 router = APIRouter(tags=["dashboard"])
 
@@ -49,5 +50,5 @@ def summary(session: SessionDep, principal: PrincipalDep) -> Any:
         queue_depth=counts["queued"],
         workers=list_workers(session, principal) if admin else None,
         tenants=stats.tenant_names(session) if admin else None,
-        generated_at=datetime.now().astimezone(),
+        generated_at=utcnow(),
     )

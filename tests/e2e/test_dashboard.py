@@ -160,6 +160,29 @@ def _watch_row(page: Any, job_id: str, until: str, timeout: float, seen: list[st
     raise TimeoutError(f"row never showed {until!r}; saw {seen}")
 
 
+def test_sse_stream_ends_on_the_server_when_the_client_goes(stack: Stack) -> None:
+    """A client that disconnects must not leave a stream polling the database forever."""
+    assert stack.worker is None, "this test needs the job still queued (run the module in order)"
+    labels = {"route": "/jobs/{job_id}/events/stream", "status": "200"}
+
+    def finished_streams() -> float:
+        text = api.get(f"{stack.base}/metrics").text
+        try:
+            return _sample(text, "ftune_http_request_duration_seconds_count", **labels)
+        except AssertionError:
+            return 0.0
+
+    before = finished_streams()
+    with _stream(stack, stack.job_id) as r:
+        lines = r.iter_lines()
+        assert next(lines) == "retry: 2000"
+        assert json.loads(next(line for line in lines if line.startswith("data:"))[5:])["kind"] == "queued"
+    deadline = time.monotonic() + 10
+    while finished_streams() < before + 1:
+        assert time.monotonic() < deadline, "the server kept streaming to a client that had left"
+        time.sleep(0.2)
+
+
 def test_dashboard_follows_a_training_job_live(stack: Stack, browser: Browser) -> None:
     assert stack.worker is None, "this test needs the worker not started yet (run the module in order)"
     job_id = stack.job_id
