@@ -14,8 +14,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api import errors
 from api.deps import Services
+from api.metrics import LatencyMiddleware, new_registry
 from api.ratelimit import RateLimiter
-from api.routes import dashboard, datasets, health, jobs, models, plan, workers
+from api.routes import dashboard, datasets, health, jobs, live, metrics, models, plan, workers
 from core.catalog import Catalog
 from core.settings import Settings, get_settings
 from core.storage import Storage
@@ -81,6 +82,8 @@ def create_app(settings: Settings | None = None, enqueue: Callable[[str], bool] 
     )
     app.state.services = services
     errors.install(app)
-    for module in (health, datasets, jobs, plan, models, workers, dashboard):
+    app.state.metrics_registry, latency = new_registry(sessions)
+    app.add_middleware(LatencyMiddleware, latency=latency)
+    for module in (health, datasets, jobs, live, plan, models, workers, dashboard, metrics):
         app.include_router(module.router)
     return app

@@ -61,6 +61,10 @@ class Settings(BaseSettings):
     plan_gpu: str = ""
     # How often the worker relays training progress into the database.
     progress_interval_seconds: float = Field(default=1.0, gt=0)
+    # Server-sent events: how often a stream looks for new job events, and the keep-alive comment period
+    # (shorter than the idle timeouts of proxies in between).
+    sse_poll_seconds: float = Field(default=1.0, gt=0)
+    sse_keepalive_seconds: float = Field(default=15.0, gt=0)
 
     @model_validator(mode="after")
     def _absolute_paths(self) -> Settings:

@@ -12,6 +12,7 @@ from core.spec import ID_RE
 
 # File names inside a job directory; training.run writes them, the worker and API read them.
 RUN_CONFIG = "run.json"
+PLAN_FILE = "plan.json"
 METRICS_FILE = "metrics.jsonl"
 ERROR_FILE = "error.json"
 LOG_FILE = "train.log"
@@ -37,6 +38,7 @@ class Storage:
 
     datasets/<dataset_id>.jsonl
     jobs/<job_id>/run.json            what training.run reads
+    jobs/<job_id>/plan.json           the memory plan the job was admitted on (for the dashboard)
     jobs/<job_id>/metrics.jsonl       one JSON object per line, appended by training
     jobs/<job_id>/error.json          written by training when it fails with a known cause
     jobs/<job_id>/train.log           the training process's stdout and stderr
@@ -60,6 +62,9 @@ class Storage:
 
     def run_config_path(self, job_id: str) -> Path:
         return self.job_dir(job_id) / RUN_CONFIG
+
+    def plan_path(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / PLAN_FILE
 
     def metrics_path(self, job_id: str) -> Path:
         return self.job_dir(job_id) / METRICS_FILE

@@ -1,20 +1,54 @@
-"""The live job-status dashboard: one static page that polls the JSON API."""
+"""The ops dashboard: one static page (no build step) that polls the JSON API, and its summary endpoint."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from importlib.resources import files
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
+from pydantic import BaseModel
+
+from api.auth import PrincipalDep, scope
+from api.deps import SessionDep
+from api.routes.workers import WorkerOut, list_workers
+from models import stats
+from models.tables import utcnow
 
 router = APIRouter(tags=["dashboard"])
 
 
 @router.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)
 def dashboard() -> HTMLResponse:
+    # The page itself is public and holds no data; it asks for a key and every API call sends it.
     return HTMLResponse(files("api").joinpath("static/dashboard.html").read_text())
 
 
 @router.get("/", include_in_schema=False, response_class=HTMLResponse)
 def root() -> HTMLResponse:
     return dashboard()
+
+
+class Summary(BaseModel):
+    is_admin: bool
+    counts: dict[str, int]
+    queue_depth: int
+    workers: list[WorkerOut] | None  # admins only
+    tenants: dict[str, str] | None  # id -> name, admins only
+    generated_at: datetime
+
+
+@router.get("/dashboard/summary", response_model=Summary)
+def summary(session: SessionDep, principal: PrincipalDep) -> Any:
+    """Counts by status and queue depth (the caller's own jobs, or all for an admin); the fleet for admins."""
+    counts = stats.counts_by_status(session, scope(principal))
+    admin = principal.is_admin
+    return Summary(
+        is_admin=admin,
+        counts=counts,
+        queue_depth=counts["queued"],
+        workers=list_workers(session, principal) if admin else None,
+        tenants=stats.tenant_names(session) if admin else None,
+        generated_at=utcnow(),
+    )

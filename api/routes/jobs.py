@@ -17,7 +17,7 @@ from api.schemas import ArtifactOut, EventOut, EventPage, JobOut, Page, artifact
 from core.errors import Conflict, NotFound, RateLimited
 from core.spec import JobSpec
 from core.states import JobStatus
-from core.storage import new_id
+from core.storage import atomic_write_text, new_id
 from models import jobs as jobs_db
 from models import tenants as tenants_db
 from models.db import session_scope
@@ -63,6 +63,8 @@ def _create_job(spec: JobSpec, services: Services, principal: Principal) -> JSON
         plan = admit(s, services, spec, principal.tenant_id)
         predicted = plan.allocated_bytes if plan else None
         jobs_db.create_job(s, principal.tenant_id, job_id, spec, predicted, settings.max_attempts)
+        if plan is not None:  # the itemised prediction, shown beside the measured peak on the job page
+            atomic_write_text(services.storage.plan_path(job_id), plan.model_dump_json())
         jobs_db.mark_enqueued(s, job_id)
     services.enqueue(job_id)  # if the broker is down the reaper re-sends it; the job is safe in the DB
     with services.sessions() as s:

@@ -1,0 +1,126 @@
+"""Prometheus metrics: the service's state read from the database at scrape time, and API latency.
+
+The database is the source of truth, so job and worker numbers are computed when scraped (the same on
+every API replica); only request latency is counted in this process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from models import stats
+from models import workers as workers_db
+from models.tables import utcnow
+
+# Seconds; fine-tuning jobs run from a minute to days.
+JOB_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.0)
+
+
+class ServiceCollector(Collector):
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self.sessions = sessions
+
+    def collect(self) -> Iterator[Metric]:
+        with self.sessions() as s:
+            counts = stats.counts_by_status(s)
+            durations = stats.finished_durations(s)
+            throughput = stats.running_throughput(s)
+            now = utcnow()
+            workers = [(w, workers_db.is_alive(w, now)) for w in workers_db.list_workers(s)]
+
+        jobs = GaugeMetricFamily("ftune_jobs", "Jobs by status", labels=["status"])
+        for status, n in counts.items():
+            jobs.add_metric([status], n)
+        yield jobs
+        yield GaugeMetricFamily("ftune_queue_depth", "Jobs waiting for a worker", value=counts["queued"])
+        yield _duration_histogram(durations)
+
+        per_job = GaugeMetricFamily(
+            "ftune_job_tokens_per_second", "Training throughput of a running job", labels=["job_id", "worker"]
+        )
+        for job_id, worker, tps in throughput:
+            per_job.add_metric([job_id, worker], tps)
+        yield per_job
+        total = sum(tps for _, _, tps in throughput)
+        yield GaugeMetricFamily("ftune_training_tokens_per_second", "Sum over running jobs", value=total)
+
+        up = GaugeMetricFamily("ftune_worker_up", "1 if the worker's heartbeat is recent", labels=["worker"])
+        age = GaugeMetricFamily(
+            "ftune_worker_heartbeat_age_seconds", "Seconds since the last heartbeat", labels=["worker"]
+        )
+        for w, alive in workers:
+            up.add_metric([w.id], 1.0 if alive else 0.0)
+            age.add_metric([w.id], (now - w.heartbeat_at).total_seconds())
+        yield up
+        yield age
+        fleet = GaugeMetricFamily("ftune_workers", "Workers seen, alive or lost", labels=["state"])
+        fleet.add_metric(["alive"], sum(1 for _, alive in workers if alive))
+        fleet.add_metric(["lost"], sum(1 for _, alive in workers if not alive))
+        yield fleet
+
+
+def _duration_histogram(durations: list[tuple[str, float]]) -> HistogramMetricFamily:
+    h = HistogramMetricFamily(
+        "ftune_job_duration_seconds", "Run time of finished jobs (last start to finish)", labels=["status"]
+    )
+    for status in sorted({s for s, _ in durations}):
+        values = [d for s, d in durations if s == status]
+        buckets = [(str(b), float(sum(1 for v in values if v <= b))) for b in JOB_BUCKETS]
+        buckets.append(("+Inf", float(len(values))))
+        h.add_metric([status], buckets, sum_value=sum(values))
+    return h
+
+
+def new_registry(sessions: sessionmaker[Session]) -> tuple[CollectorRegistry, Histogram]:
+    """One registry per app (not the global one), so several apps in one process do not collide."""
+    registry = CollectorRegistry()
+    registry.register(ServiceCollector(sessions))
+    latency = Histogram(
+        "ftune_http_request_duration_seconds",
+        "API request latency by route template",
+        ["method", "route", "status"],
+        registry=registry,
+    )
+    return registry, latency
+
+
+class LatencyMiddleware:
+    """Pure ASGI (not BaseHTTPMiddleware, which would buffer server-sent event streams)."""
+
+    def __init__(self, app: ASGIApp, latency: Histogram) -> None:
+        self.app = app
+        self.latency = latency
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self.latency.labels(scope["method"], _route(scope), str(status)).observe(
+                time.perf_counter() - start
+            )
+
+
+def _route(scope: dict[str, Any]) -> str:
+    # The template ("/jobs/{job_id}"), never the raw path: ids would make one series per job.
+    route = scope.get("route")
+    return getattr(route, "path", None) or "unmatched"

@@ -1,0 +1,112 @@
+"""What a job page shows beyond the job itself: the live event stream, the admitted plan, artifact files."""
+
+from __future__ import annotations
+
+import tarfile
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import FileResponse, StreamingResponse
+from starlette.background import BackgroundTask
+
+from api.auth import PrincipalDep
+from api.deps import ServicesDep, SessionDep
+from api.routes.jobs import _get
+from api.sse import event_stream
+from core.errors import InvalidInput, NotFound
+from core.planner import Plan
+from models.tables import Artifact
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+def _resume_point(after: int, last_event_id: str | None) -> int:
+    """Last-Event-ID (sent by a reconnecting EventSource) wins over the `after` query parameter."""
+    if last_event_id is None or not last_event_id.strip():
+        return after
+    try:
+        value = int(last_event_id)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidInput(
+            "Last-Event-ID must be an event id (a non-negative integer)", param="Last-Event-ID"
+        )
+    return value
+
+
+@router.get(
+    "/{job_id}/events/stream",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "server-sent events"}},
+)
+def stream_events(
+    job_id: str,
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    after: Annotated[int, Query(ge=0)] = 0,
+    last_event_id: Annotated[str | None, Header(max_length=20)] = None,
+) -> StreamingResponse:
+    """The job's events as they happen (SSE); ends with an `end` event once the job is terminal."""
+    # A short session, not SessionDep: that one would hold a connection for the stream's whole life.
+    with services.sessions() as s:
+        _get(s, job_id, principal)  # 404 before any byte is streamed
+    start = _resume_point(after, last_event_id)
+    return StreamingResponse(
+        event_stream(services, job_id, start, request.is_disconnected),
+        media_type="text/event-stream",
+        # no-transform/X-Accel-Buffering: proxies must not buffer or compress a live stream.
+        headers={"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.get("/{job_id}/plan", response_model=Plan)
+def get_plan(job_id: str, session: SessionDep, services: ServicesDep, principal: PrincipalDep) -> Any:
+    """The memory plan the job was admitted on (itemised), to compare with the measured peak."""
+    _get(session, job_id, principal)
+    path = services.storage.plan_path(job_id)
+    if not path.is_file():
+        raise NotFound(
+            f"job {job_id} was admitted without a plan (no worker had reported its devices)",
+            code="plan_not_found",
+            param="job_id",
+        )
+    return Plan.model_validate_json(path.read_text())
+
+
+@router.get(
+    "/{job_id}/artifacts/{artifact_id}/download",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/gzip": {}}, "description": "the artifact as .tar.gz"}},
+)
+def download_artifact(
+    job_id: str, artifact_id: str, session: SessionDep, services: ServicesDep, principal: PrincipalDep
+) -> FileResponse:
+    """An adapter archive or a checkpoint directory, as .tar.gz."""
+    _get(session, job_id, principal)
+    art = session.get(Artifact, artifact_id)
+    if art is None or art.job_id != job_id:
+        raise NotFound(f"artifact {artifact_id!r} not found", code="artifact_not_found", param="artifact_id")
+    # relpath was written by the worker from known names (see models.tables.Artifact), never user input.
+    path = services.storage.job_dir(job_id) / art.relpath
+    name = f"ftune-{job_id[:8]}-{art.relpath.replace('/', '-')}"
+    headers = {"X-Checksum-Sha256": art.sha256}
+    if path.is_file():
+        return FileResponse(path, media_type="application/gzip", filename=name, headers=headers)
+    if not path.is_dir():
+        raise NotFound(
+            f"artifact {artifact_id} is no longer stored (older checkpoints are pruned)",
+            code="artifact_gone",
+            param="artifact_id",
+        )
+    tmp = services.storage.temp_file()
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(path, arcname=path.name)
+    return FileResponse(
+        tmp,
+        media_type="application/gzip",
+        filename=name + ".tar.gz",
+        headers=headers,
+        background=BackgroundTask(tmp.unlink, missing_ok=True),
+    )
