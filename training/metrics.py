@@ -5,6 +5,7 @@ Records, in order of appearance:
   {"type": "step", "step", "total_steps", "epoch", "loss", "lr", "grad_norm", "tokens",
    "tokens_per_s", "elapsed_s", "eta_s", "peak_mem_bytes"}          one per optimizer step
   {"type": "checkpoint", "step", "path"}                             after the checkpoint is complete
+  {"type": "stopped", "step"}                                         after a stop request, last
   {"type": "done", "step", "final_loss", "adapter_dir"}
 
 The file is append-only, also across resumes: a process killed after its last checkpoint may have
@@ -35,6 +36,19 @@ class MetricsWriter:
 
     def close(self) -> None:
         self._file.close()
+
+
+class NullWriter(MetricsWriter):
+    """What ranks other than 0 write metrics to: nothing."""
+
+    def __init__(self) -> None:
+        pass
+
+    def write(self, record: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def step_record(
