@@ -208,10 +208,11 @@ def _train_on(config, stop: StopFlag, sharded: bool) -> int:
 
 def check_shardable(spec) -> None:
     """What FSDP here does not support, refused before any work (admission refuses it too)."""
-    if spec.optimizer != "adamw":
-        raise ValueError(f"optimizer {spec.optimizer!r} cannot shard its state under FSDP; use adamw")
-    if spec.mixed_precision == "fp16":
-        raise ValueError("fp16 loss scaling is not supported under FSDP; use bf16")
+    from core.sharding import fsdp_problem
+
+    problem = fsdp_problem(spec.model_copy(update={"num_gpus": 2}))  # also a 1-GPU spec under torchrun
+    if problem:
+        raise ValueError(problem[1])
 
 
 def seed_everything(seed: int) -> None:
