@@ -111,7 +111,11 @@ def _train_on(config, stop: StopFlag, sharded: bool) -> int:
     log.info("dataset: %d examples (%d dropped: nothing to train on after truncation)", len(items), dropped)
 
     torch.manual_seed(spec.seed)  # LoRA init: the same on every rank, which then keeps its slice
-    net = model.load_model(spec, Path(config.model_dir), device)
+    # Under FSDP a LoRA base is loaded on the CPU: fully_shard moves each unit's slice to the device, so
+    # no GPU ever holds the whole model. bitsandbytes quantizes on the device it loads to, so QLoRA
+    # loads there. (Only the CPU case is tested here.)
+    on = torch.device("cpu") if sharded and spec.method == "lora" else device
+    net = model.load_model(spec, Path(config.model_dir), on)
     if sharded:
         distributed.shard(net, device)
         log.info("FSDP over %d processes", distributed.world_size())
