@@ -13,6 +13,7 @@ from core.errors import InvalidInput, NotFound, Unsupported
 from core.feasibility import plan_for_fleet, plan_on, require_fits, tokens_per_epoch
 from core.gpus import resolve_gpu
 from core.planner import Plan
+from core.sharding import fsdp_problem
 from core.spec import JobSpec
 from models import datasets as datasets_db
 from models import workers as workers_db
@@ -72,8 +73,9 @@ def admit(session: Session, services: Services, spec: JobSpec, tenant_id: str) -
             "method 'full' can be planned (POST /plan) but this service trains LoRA and QLoRA adapters only",
             param="method",
         )
-    if spec.num_gpus > 1:
-        raise Unsupported("multi-GPU (FSDP) jobs are not enabled on this deployment yet", param="num_gpus")
+    problem = fsdp_problem(spec)
+    if problem:
+        raise Unsupported(problem[1], code="unsupported_with_fsdp", param=problem[0])
     if plan is None:
         log.warning("no worker has registered its devices and FTUNE_PLAN_GPU is unset: admitting unplanned")
         return None

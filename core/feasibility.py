@@ -2,7 +2,8 @@
 
 A worker reports its devices (see worker/devices.py). A job with num_gpus N can run on a worker with
 at least N devices; it is planned against that worker's smallest device. On a CPU worker the "device"
-is the machine's RAM and mixed precision "auto" means none, as the engine does on a CPU.
+is the machine's RAM and mixed precision "auto" means none, as the engine does on a CPU; it runs any
+num_gpus as that many gloo processes, which share the RAM, so each is planned against RAM / N.
 """
 
 from __future__ import annotations
@@ -62,11 +63,7 @@ def plan_for_fleet(
 ) -> Plan:
     """The best plan over the fleet's workers (each a list of devices): the roomiest one that fits,
     else the one with the most usable memory (not fitting, with suggestions)."""
-    eligible = [
-        min((device_gpu(d) for d in devices), key=lambda g: g.memory_bytes)
-        for devices in fleet
-        if devices and len(devices) >= spec.num_gpus
-    ]
+    eligible = [g for devices in fleet if (g := worker_device(devices, spec.num_gpus)) is not None]
     if not eligible:
         most = max((len(d) for d in fleet), default=0)
         raise Infeasible(
@@ -79,6 +76,16 @@ def plan_for_fleet(
     if fitting:
         return max(fitting, key=lambda p: p.headroom_bytes)
     return max(plans, key=lambda p: p.usable_bytes)
+
+
+def worker_device(devices: list[dict[str, Any]], num_gpus: int) -> Gpu | None:
+    """The device one rank of a num_gpus job is planned against on this worker; None: it cannot run there."""
+    if len(devices) == 1 and devices[0].get("kind") == "cpu":
+        ram = device_gpu(devices[0])
+        return ram.model_copy(update={"memory_bytes": ram.memory_bytes // num_gpus})
+    if not devices or len(devices) < num_gpus:
+        return None
+    return min((device_gpu(d) for d in devices), key=lambda g: g.memory_bytes)
 
 
 def require_fits(plan: Plan) -> Plan:

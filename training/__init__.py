@@ -6,5 +6,6 @@ Entry points used by the rest of ftune:
   training.metrics.read_metrics(path)           metrics.jsonl records with superseded steps dropped
 
 Modules: data (examples -> ids + labels -> batches), model (base + LoRA/QLoRA), loop (the step),
-checkpoint (atomic save / resume), metrics (metrics.jsonl), memory (peak memory), run (the process).
+checkpoint (atomic save / resume), metrics (metrics.jsonl), memory (peak memory), distributed (FSDP2
+ranks under torchrun), run (the process).
 """

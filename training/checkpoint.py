@@ -8,6 +8,10 @@ checkpoints/step-00000040/
                           param groups, LR schedule, grad scaler, python/numpy RNG, the spec
 Nothing is pickled. A checkpoint is written into a hidden temp dir next to its final place, fsynced
 and renamed in one `os.replace`, so a `step-*` directory is always complete.
+
+Under FSDP every rank takes part in gathering the whole adapter and optimizer state, and rank 0 alone
+writes it, in the same format: a checkpoint resumes on any number of processes. On loading, every rank
+reads the files and keeps its own slice.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from training import distributed
 from training.loop import Position, Trainer
 
 KEEP = 3
@@ -38,15 +43,33 @@ def checkpoint_name(step: int) -> str:
 
 
 def save_checkpoint(root: Path, t: Trainer, pos: Position) -> Path:
-    """Write the state after `pos.step` steps to root/step-<step>; keep the newest KEEP."""
+    """Write the state after `pos.step` steps to root/step-<step>; keep the newest KEEP.
+
+    Collective under FSDP: every rank calls it; rank 0 writes."""
     target = root / checkpoint_name(pos.step)
+    weights, opt_state = gather_state(t)
+    if distributed.is_main():
+        _save(root, target, t, pos, weights, opt_state)
+    distributed.barrier()  # no rank moves on (or exits) before the checkpoint is complete
+    return target
+
+
+def gather_state(t: Trainer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Collective: the whole trainable weights (by name) and optimizer state, on the CPU."""
+    weights = {n: distributed.full_tensor(p) for n, p in named_trainable(t)}
+    return weights, distributed.full_tree(t.optimizer.state_dict())
+
+
+def _save(
+    root: Path, target: Path, t: Trainer, pos: Position, weights: dict[str, torch.Tensor], opt_state: Any
+) -> None:
     if _complete(target):  # already saved at this step: the state is a function of the step
-        return target
+        return
     shutil.rmtree(target, ignore_errors=True)  # damaged (e.g. a file lost); latest_checkpoint skipped it
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{target.name}-"))
     try:
-        _write_state(tmp, t, pos)
+        _write_state(tmp, t, pos, weights, opt_state)
         for name in FILES:
             _fsync(tmp / name)
         os.replace(tmp, target)
@@ -55,12 +78,13 @@ def save_checkpoint(root: Path, t: Trainer, pos: Position) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     prune(root, KEEP)
-    return target
 
 
-def _write_state(d: Path, t: Trainer, pos: Position) -> None:
-    save_file({n: p.detach().cpu().contiguous() for n, p in named_trainable(t)}, d / FILES[0])
-    opt_tensors, opt_json = flatten_optimizer_state(t.optimizer.state_dict())
+def _write_state(
+    d: Path, t: Trainer, pos: Position, weights: dict[str, torch.Tensor], opt_state: dict[str, Any]
+) -> None:
+    save_file(weights, d / FILES[0])
+    opt_tensors, opt_json = flatten_optimizer_state(opt_state)
     save_file(opt_tensors, d / FILES[1])
     save_file(torch_rng_state(), d / FILES[2])
     state = {
@@ -119,14 +143,30 @@ def load_checkpoint(path: Path, t: Trainer) -> Position:
         raise ValueError(f"checkpoint {path} does not match the model's trainable parameters")
     with torch.no_grad():
         for name, p in params.items():
-            p.copy_(weights[name])
-    t.optimizer.load_state_dict(unflatten_optimizer_state(load_file(path / FILES[1]), state["optimizer"]))
+            p.copy_(distributed.shard_like(weights[name], p))
+    opt_state = unflatten_optimizer_state(load_file(path / FILES[1]), state["optimizer"])
+    t.optimizer.load_state_dict(shard_optimizer_state(opt_state, t.optimizer))
     if t.scaler and state["grad_scaler"]:
         t.scaler.load_state_dict(state["grad_scaler"])
     set_torch_rng_state(load_file(path / FILES[2]))
     random.setstate(_tuples(state["python_rng"]))
     np.random.set_state(_numpy_state(state["numpy_rng"]))
     return Position(**state["position"])
+
+
+def shard_optimizer_state(sd: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """A whole optimizer state cut to this rank's slices: a state tensor shaped like its parameter
+    (AdamW's moments) is laid out like it; scalars such as `step` stay as they are."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = {
+        i: {k: distributed.shard_like(v, params[i]) if _like(v, params[i]) else v for k, v in s.items()}
+        for i, s in sd["state"].items()
+    }
+    return {**sd, "state": state}
+
+
+def _like(v: Any, p: torch.Tensor) -> bool:
+    return isinstance(v, torch.Tensor) and v.shape == p.shape and v.dim() > 0
 
 
 def named_trainable(t: Trainer) -> list[tuple[str, torch.nn.Parameter]]:

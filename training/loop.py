@@ -4,6 +4,12 @@ An optimizer step takes up to `gradient_accumulation_steps` micro-batches from t
 last step of an epoch may take fewer). Its loss is the sum of the token losses of all its
 micro-batches divided by the number of target tokens in all of them, so accumulation gives the same
 gradient as one big batch, whatever the lengths.
+
+Under FSDP (training.distributed) a step takes `gradient_accumulation_steps x num_gpus` micro-batches,
+the same examples a single process would take with that accumulation; each rank runs its share and
+divides by the target tokens of the whole step, and the ranks' gradients are summed. So the global batch,
+the loss and the update do not depend on how many processes share the step, and a checkpoint resumes on
+any number of them. Dropout is seeded per micro-batch for the same reason.
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from core.spec import JobSpec
+from training import distributed
 from training.data import IGNORE, Tokenized, batches_per_epoch, collate, epoch_batches
 
 
@@ -69,12 +77,16 @@ class Trainer:
         return self._orders[epoch]
 
 
+def step_micro_batches(spec: JobSpec) -> int:
+    """Micro-batches in one optimizer step over all ranks: the global batch is micro x accumulation x
+    num_gpus, whatever the number of processes that actually share it (a resume may use fewer)."""
+    return spec.gradient_accumulation_steps * spec.num_gpus
+
+
 def total_steps(spec: JobSpec, num_examples: int) -> int:
     if spec.max_steps is not None:
         return spec.max_steps
-    per_epoch = math.ceil(
-        batches_per_epoch(num_examples, spec.micro_batch_size) / spec.gradient_accumulation_steps
-    )
+    per_epoch = math.ceil(batches_per_epoch(num_examples, spec.micro_batch_size) / step_micro_batches(spec))
     return spec.epochs * per_epoch
 
 
@@ -110,7 +122,7 @@ def take_step_batches(t: Trainer, pos: Position) -> tuple[list[list[int]], bool]
     """The micro-batches of the next optimizer step (lists of example indices), and whether they
     finish the epoch. Advances `pos` past them."""
     order = t.epoch_order(pos.epoch)
-    chosen = order[pos.batch_index : pos.batch_index + t.spec.gradient_accumulation_steps]
+    chosen = order[pos.batch_index : pos.batch_index + step_micro_batches(t.spec)]
     pos.batch_index += len(chosen)
     ended = pos.batch_index >= len(order)
     if ended:
@@ -137,13 +149,32 @@ def token_loss_sum(t: Trainer, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     )
 
 
-def accumulate_gradients(t: Trainer, micro_batches: list[dict[str, torch.Tensor]]) -> tuple[float, int]:
-    """Backward over all micro-batches of one optimizer step; gradients end up normalised by the
-    step's total target tokens. Returns (mean token loss, target tokens)."""
-    tokens = sum(count_targets(b) for b in micro_batches)
+def micro_batch_seed(seed: int, epoch: int, index: int) -> int:
+    """The RNG seed (dropout) of micro-batch `index` of `epoch`: the same on any rank and after a resume."""
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1)[0])
+
+
+def accumulate_gradients(
+    t: Trainer,
+    micro_batches: list[dict[str, torch.Tensor]],
+    total_targets: int | None = None,
+    seeds: list[int] | None = None,
+    padding: int = 0,
+) -> tuple[float, int]:
+    """Backward over micro-batches of one optimizer step; gradients end up normalised by the step's
+    target tokens, `total_targets` (over all ranks; default: those of `micro_batches`). The last `padding`
+    batches only keep this rank in step with the others' collectives: their loss is weighted 0.
+    Returns (this rank's part of the mean token loss, target tokens)."""
+    real = micro_batches[: len(micro_batches) - padding]
+    tokens = total_targets if total_targets is not None else sum(count_targets(b) for b in real)
     loss_sum = 0.0
-    for batch in micro_batches:
+    for i, batch in enumerate(micro_batches):
+        if seeds is not None:
+            torch.manual_seed(seeds[i])
+        distributed.gradient_sync(t.model, i == len(micro_batches) - 1)
         loss = token_loss_sum(t, batch) / tokens
+        if i >= len(real):
+            loss = loss * 0.0
         (t.scaler.scale(loss) if t.scaler else loss).backward()
         loss_sum += loss.item()
     return loss_sum, tokens
@@ -154,7 +185,11 @@ def optimizer_step(t: Trainer, lr: float) -> float:
     if t.scaler:
         t.scaler.unscale_(t.optimizer)
     limit = t.spec.max_grad_norm if t.spec.max_grad_norm is not None else math.inf
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(t.params, limit))
+    # clip_grad_norm_ in two parts, so the norm of sharded gradients is made whole (all ranks) first
+    norm = torch.nn.utils.get_total_norm([p.grad for p in t.params if p.grad is not None])
+    norm = distributed.full_tensor(norm).to(norm.device)
+    torch.nn.utils.clip_grads_with_norm_(t.params, limit, norm)
+    grad_norm = float(norm)
     for group in t.optimizer.param_groups:
         group["lr"] = lr
     if t.scaler:
@@ -166,14 +201,28 @@ def optimizer_step(t: Trainer, lr: float) -> float:
     return grad_norm
 
 
+def rank_share(n: int, rank: int, world: int) -> tuple[list[int], int]:
+    """Which of a step's `n` micro-batches this rank runs (every world-th), and how many padding
+    batches it adds so all ranks run the same number (FSDP's collectives must match)."""
+    mine = list(range(rank, n, world))
+    return mine, math.ceil(n / world) - len(mine)
+
+
 def train_step(t: Trainer, pos: Position) -> StepResult:
     """One optimizer step at `pos`; advances `pos`."""
+    epoch, first = pos.epoch, pos.batch_index
     indices, ended = take_step_batches(t, pos)
-    micro_batches = [collate([t.items[i] for i in idx], t.pad_id) for idx in indices]
+    # Every rank knows the whole step, so the step's token counts need no communication.
+    targets = sum(t.items[i].num_targets for idx in indices for i in idx)
+    tokens = sum(len(t.items[i].input_ids) for idx in indices for i in idx)
+    mine, padding = rank_share(len(indices), distributed.rank(), distributed.world_size())
+    chosen = mine + [mine[0] if mine else 0] * padding
+    micro_batches = [collate([t.items[i] for i in indices[k]], t.pad_id) for k in chosen]
+    seeds = [micro_batch_seed(t.spec.seed, epoch, first + k) for k in chosen]
     lr = lr_at(t.spec, pos.step, t.total_steps)
-    loss, targets = accumulate_gradients(t, micro_batches)
+    local_loss, _ = accumulate_gradients(t, micro_batches, targets, seeds, padding)
+    loss = distributed.sum_over_ranks(local_loss)
     grad_norm = optimizer_step(t, lr)
-    tokens = sum(int(b["attention_mask"].sum()) for b in micro_batches)
     pos.step += 1
     pos.tokens_seen += tokens
     pos.losses.append(loss)

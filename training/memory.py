@@ -58,7 +58,11 @@ class PeakMemory:
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind these tensors (views and shared weights count once)."""
     seen: dict[int, int] = {}
+    from torch.distributed.tensor import DTensor
+
     for t in tensors:
+        if isinstance(t, DTensor):  # FSDP: this rank holds its shard only
+            t = t.to_local()
         if t.device.type == "meta":
             continue
         s = t.untyped_storage()

@@ -6,6 +6,7 @@ Records, in order of appearance:
    "tokens_per_s", "elapsed_s", "eta_s", "peak_mem_bytes"}          one per optimizer step
   {"type": "eval", "step", "eval_loss", "eval_token_accuracy", "eval_tokens", "best_eval_loss"}
   {"type": "checkpoint", "step", "path"}                             after the checkpoint is complete
+  {"type": "stopped", "step"}                                         after a stop request, last
   {"type": "done", "step", "final_loss", "adapter_dir", "stopped_early", "best_eval_loss", "merged_dir"?}
 
 The file is append-only, also across resumes: a process killed after its last checkpoint may have
@@ -39,6 +40,19 @@ class MetricsWriter:
 
     def close(self) -> None:
         self._file.close()
+
+
+class NullWriter(MetricsWriter):
+    """What ranks other than 0 write metrics to: nothing."""
+
+    def __init__(self) -> None:
+        pass
+
+    def write(self, record: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def step_record(

@@ -3,6 +3,10 @@
 Exit codes: 0 done (output_dir/adapter/ written), 1 failed (output_dir/error.json written),
 3 stopped by SIGTERM after finishing the current step and saving a checkpoint (nothing more written).
 Progress goes to stderr; metrics to output_dir/metrics.jsonl. No API, Celery or database imports.
+
+Under `torchrun --nproc_per_node N -m training.run run.json` each process is one FSDP rank (see
+training.distributed); rank 0 alone writes metrics, checkpoints and the adapter. torchrun reports any
+non-zero exit of its workers as 1, so a stop is also recorded in metrics.jsonl ({"type": "stopped"}).
 """
 
 from __future__ import annotations
@@ -78,16 +82,30 @@ def classify_error(e: BaseException) -> tuple[str, str]:
 
 
 def _train(config, stop: StopFlag) -> int:
+    from training import distributed
+
+    try:
+        return _train_on(config, stop, distributed.launched())
+    finally:
+        distributed.cleanup()
+
+
+def _train_on(config, stop: StopFlag, sharded: bool) -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
     from core.storage import ADAPTER_DIR, CHECKPOINTS_DIR, MERGED_DIR, METRICS_FILE
-    from training import checkpoint, data, evaluate, export, loop, memory, metrics, model
+    from training import checkpoint, data, distributed, evaluate, export, loop, memory, metrics, model
 
     hf_logging.disable_progress_bar()
     spec, out = config.spec, Path(config.output_dir)
     seed_everything(spec.seed)
     device = model.pick_device()
+    if sharded:
+        check_shardable(spec)
+        device = distributed.init(device)
+        if not distributed.is_main():
+            log.setLevel(logging.WARNING)  # one rank's progress is enough
     log.info("job %s: %s on %s, base %s", config.job_id, spec.method, device, config.model_dir)
 
     tokenizer = model.load_tokenizer(Path(config.model_dir))
@@ -97,8 +115,15 @@ def _train(config, stop: StopFlag) -> int:
         len(items), len(val_items), dropped,
     )  # fmt: skip
 
-    torch.manual_seed(spec.seed)  # LoRA init
-    net = model.load_model(spec, Path(config.model_dir), device)
+    torch.manual_seed(spec.seed)  # LoRA init: the same on every rank, which then keeps its slice
+    # Under FSDP a LoRA base is loaded on the CPU: fully_shard moves each unit's slice to the device, so
+    # no GPU ever holds the whole model. bitsandbytes quantizes on the device it loads to, so QLoRA
+    # loads there. (Only the CPU case is tested here.)
+    on = torch.device("cpu") if sharded and spec.method == "lora" else device
+    net = model.load_model(spec, Path(config.model_dir), on)
+    if sharded:
+        distributed.shard(net, device)
+        log.info("FSDP over %d processes", distributed.world_size())
     params = [p for _, p in model.trainable_parameters(net)]
     fp16 = spec.mixed_precision == "fp16"
     t = loop.Trainer(
@@ -119,7 +144,7 @@ def _train(config, stop: StopFlag) -> int:
     pos = checkpoint.load_checkpoint(latest, t) if latest else loop.Position()
     if latest:
         log.info("resumed from %s", latest)
-    writer = metrics.MetricsWriter(out / METRICS_FILE)
+    writer = metrics.MetricsWriter(out / METRICS_FILE) if distributed.is_main() else metrics.NullWriter()
     writer.write(
         {
             "type": "start",
@@ -134,7 +159,7 @@ def _train(config, stop: StopFlag) -> int:
     per_epoch = data.batches_per_epoch(len(items), spec.micro_batch_size)
     saved = {pos.step} if latest else set()
 
-    def on_step(r: loop.StepResult, p: loop.Position, seconds: float) -> None:
+    def on_step(r: loop.StepResult, p: loop.Position, seconds: float) -> bool:
         rec = metrics.step_record(
             step=p.step,
             total_steps=t.total_steps,
@@ -184,22 +209,31 @@ def _train(config, stop: StopFlag) -> int:
     def measure():
         return tracker.step(memory.model_state_tensors(net, t.optimizer))
 
-    finished = loop.train(t, pos, on_step, on_checkpoint, stop.is_set, measure)
+    def should_stop() -> bool:
+        return distributed.any_rank(stop.is_set())  # every rank stops after the same step
+
+    finished = loop.train(t, pos, on_step, on_checkpoint, should_stop, measure)
     if not finished:
         log.info("stopped at step %d; exiting with code %d", pos.step, EXIT_STOPPED)
+        writer.write({"type": "stopped", "step": pos.step})
         writer.close()
         return EXIT_STOPPED
 
     adapter_dir = out / ADAPTER_DIR
     final_loss = pos.losses[-1] if pos.losses else None
-    save_adapter(net, adapter_dir, config, final_loss=final_loss, pos=pos, peak=tracker.peak_bytes)
+    weights = {n: distributed.full_tensor(p) for n, p in model.trainable_parameters(net)}
+    if distributed.is_main():
+        save_adapter(
+            net, weights, adapter_dir, config, final_loss=final_loss, pos=pos, peak=tracker.peak_bytes
+        )
     done = {"type": "done", "step": pos.step, "final_loss": final_loss, "adapter_dir": str(adapter_dir)}
     done.update(stopped_early=pos.stopped_early, best_eval_loss=pos.best_eval_loss)
-    if spec.export == "merged":
+    if spec.export == "merged" and distributed.is_main():
         dtype = model.base_dtype(spec, Path(config.model_dir))
         merged = export.export_merged(Path(config.model_dir), adapter_dir, out / MERGED_DIR, dtype)
         done["merged_dir"] = str(merged)
         log.info("merged model at %s", merged)
+    distributed.barrier()
     writer.write(done)
     writer.close()
     log.info("done: %d steps, final loss %s, adapter at %s", pos.step, final_loss, adapter_dir)
@@ -245,6 +279,15 @@ def predicted_peak_bytes(spec, model_dir: Path, device) -> int | None:
         return None
 
 
+def check_shardable(spec) -> None:
+    """What FSDP here does not support, refused before any work (admission refuses it too)."""
+    from core.sharding import fsdp_problem
+
+    problem = fsdp_problem(spec.model_copy(update={"num_gpus": 2}))  # also a 1-GPU spec under torchrun
+    if problem:
+        raise ValueError(problem[1])
+
+
 def seed_everything(seed: int) -> None:
     import numpy as np
     import torch
@@ -261,12 +304,14 @@ def _pad_id(tokenizer) -> int:
     return 0
 
 
-def save_adapter(net, adapter_dir: Path, config, *, final_loss, pos, peak: int) -> None:
-    """peft's safetensors adapter + adapter_config.json + a model card, renamed into place."""
+def save_adapter(net, weights: dict, adapter_dir: Path, config, *, final_loss, pos, peak: int) -> None:
+    """peft's safetensors adapter + adapter_config.json + a model card, renamed into place.
+
+    `weights` are the whole trainable tensors by name (gathered from all ranks under FSDP)."""
     adapter_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=adapter_dir.parent, prefix=".tmp-adapter-"))
     try:
-        net.save_pretrained(tmp, safe_serialization=True)
+        net.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
         cfg_path = tmp / "adapter_config.json"
         cfg = json.loads(cfg_path.read_text())
         cfg["base_model_name_or_path"] = config.spec.base_model  # a name, not this server's path

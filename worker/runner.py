@@ -38,6 +38,9 @@ from worker.progress import MetricsTail, progress_values
 log = logging.getLogger(__name__)
 
 EXIT_STOPPED = 3  # training.run saved a checkpoint after SIGTERM and stopped
+# torchrun forwards our SIGTERM to its ranks and SIGKILLs them after this long (its default is 30 s):
+# enough for the step in flight and a checkpoint.
+SHUTDOWN_TIMEOUT_S = 600
 PR_SET_PDEATHSIG = 1
 NO_RETRY_CODES = {"out_of_memory", "invalid_dataset", "invalid_spec"}
 
@@ -123,7 +126,11 @@ class JobRunner:
                 stdout=logf,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C on the terminal reaches us, not the trainer
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={
+                    **os.environ,
+                    "PYTHONUNBUFFERED": "1",
+                    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT_S),
+                },
                 preexec_fn=_stop_when_parent_dies,
             )
         with session_scope(self.sessions) as s:
@@ -131,17 +138,23 @@ class JobRunner:
             jobs_db.add_event(s, job_id, "process_started", msg, {"pid": proc.pid, "attempt": attempt})
         stop_sent = False
         owned = True
+        stopped = False  # torchrun exits 1 whatever its ranks return, so a stop is read from the metrics
         while proc.poll() is None:
             time.sleep(self.settings.progress_interval_seconds)
-            owned = self._relay(job_id, attempt, tail.read_new())
+            records = tail.read_new()
+            stopped = stopped or any(r.get("type") == "stopped" for r in records)
+            owned = self._relay(job_id, attempt, records)
             if not stop_sent and (not owned or shutting_down.is_set() or self._cancel_requested(job_id)):
                 proc.send_signal(signal.SIGTERM)
                 stop_sent = True
-        owned = self._relay(job_id, attempt, tail.read_new()) and owned
+        records = tail.read_new()
+        stopped = stopped or any(r.get("type") == "stopped" for r in records)
+        owned = self._relay(job_id, attempt, records) and owned
         if not owned:
             log.warning("job %s: attempt %d lost its lease; another worker owns it now", job_id, attempt)
             return "lost"
-        return self._outcome(job_id, attempt, proc.returncode)
+        rc = proc.returncode
+        return self._outcome(job_id, attempt, EXIT_STOPPED if stopped and rc != 0 else rc)
 
     def _cancel_requested(self, job_id: str) -> bool:
         with session_scope(self.sessions) as s:
@@ -261,4 +274,10 @@ def _stop_when_parent_dies() -> None:
 
 
 def training_command(run_json: Path) -> list[str]:
-    return [sys.executable, "-m", "training.run", str(run_json)]
+    """One process, or with num_gpus > 1 one FSDP rank per device under torchrun (gloo ranks on a CPU)."""
+    n = RunConfig.model_validate_json(run_json.read_text()).spec.num_gpus
+    if n == 1:
+        return [sys.executable, "-m", "training.run", str(run_json)]
+    # --standalone: a private rendezvous on a free port, so jobs on one machine do not collide.
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
+    return [*launcher, "-m", "training.run", str(run_json)]

@@ -109,3 +109,40 @@ def test_multi_gpu_job_needs_a_worker_with_that_many(
     _register(client, "w1", [{"name": "A100-80GB", "kind": "declared"}])
     r = client.post("/jobs", json={"base_model": seven_b, "dataset_id": dataset_id, "num_gpus": 4})
     assert r.status_code == 422 and r.json()["error"]["param"] == "num_gpus"
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_fsdp_job_admitted_on_a_worker_with_enough_gpus(
+    client: TestClient, dataset_id: str, seven_b: str, method: str
+) -> None:
+    _register(client, "w2", [{"name": "A100-80GB", "kind": "declared"}] * 2)
+    r = client.post(
+        "/jobs", json={"base_model": seven_b, "dataset_id": dataset_id, "method": method, "num_gpus": 2}
+    )
+    assert r.status_code == 202, r.text
+    assert r.json()["spec"]["num_gpus"] == 2
+
+
+def test_fsdp_job_with_an_8bit_optimizer_is_refused(
+    client: TestClient, dataset_id: str, seven_b: str
+) -> None:
+    _register(client, "w2", [{"name": "A100-80GB", "kind": "declared"}] * 2)
+    job = {"base_model": seven_b, "dataset_id": dataset_id, "num_gpus": 2, "optimizer": "adamw_8bit"}
+    r = client.post("/jobs", json=job)
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("unsupported_with_fsdp", "optimizer")
+    assert "adamw_8bit" in err["message"] and "FSDP" in err["message"]
+    assert client.post("/jobs", json={**job, "num_gpus": 1}).status_code == 202
+
+
+def test_cpu_worker_runs_fsdp_as_processes_sharing_its_ram(client: TestClient, dataset_id: str) -> None:
+    _register(client, "cpu", [{"name": "cpu", "kind": "cpu", "memory_bytes": 512 * 2**30}])
+    job = {"base_model": "tiny", "dataset_id": dataset_id, "num_gpus": 2}
+    r = client.post("/plan", json=job)
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    assert plan["num_gpus"] == 2 and plan["gpu"] == "cpu"
+    assert plan["usable_bytes"] <= 256 * 2**30  # each of the 2 processes has half the RAM
+    r = client.post("/jobs", json=job)
+    assert r.status_code == 202, r.text

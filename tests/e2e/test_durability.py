@@ -246,3 +246,18 @@ def test_cancel_queued_and_running(cluster: Cluster, dataset_id: str) -> None:
     assert not _alive(pid), "the training process should be gone (its memory released)"
     assert api.post(f"{cluster.base}/jobs/{running}/cancel").status_code == 409
     assert cluster.job(queued)["attempt"] == 0  # never started
+
+
+def test_fsdp_job_runs_under_torchrun_and_cancels(cluster: Cluster, dataset_id: str) -> None:
+    # A CPU worker runs num_gpus 2 as two gloo processes; torchrun exits 1 when its ranks stop, so the
+    # worker must read the stop from the metrics to report "cancelled" (not a failure to retry).
+    job_id = cluster.submit(dataset_id, num_gpus=2, gradient_accumulation_steps=1, max_steps=500)
+    cluster.wait_step(job_id, 2)
+    assert api.post(f"{cluster.base}/jobs/{job_id}/cancel").status_code == 202
+    wait_finished(cluster.base, [job_id], timeout=120)
+    job = cluster.job(job_id)
+    assert job["status"] == "cancelled" and job["attempt"] == 1, job
+    kinds = [e["kind"] for e in cluster.events(job_id)]
+    assert "checkpoint_saved" in kinds[kinds.index("cancel_requested") :]
+    log = (cluster.tmp / "data" / "jobs" / job_id / "train.log").read_text()
+    assert "FSDP over 2 processes" in log and "stopped at step" in log

@@ -106,7 +106,8 @@ def test_sigterm_finishes_the_step_saves_and_exits_3(make_config, demo_model: Pa
 
     records = read_jsonl(out / METRICS_FILE)
     last_step = max(r["step"] for r in records if r["type"] == "step")
-    assert records[-1] == {"type": "checkpoint", "step": last_step, "path": records[-1]["path"]}
+    assert records[-2] == {"type": "checkpoint", "step": last_step, "path": records[-2]["path"]}
+    assert records[-1] == {"type": "stopped", "step": last_step}
     ckpt = latest_checkpoint(out / CHECKPOINTS_DIR)
     assert ckpt is not None and ckpt.name == f"step-{last_step:08d}"
     assert all((ckpt / f).is_file() for f in FILES)
