@@ -69,6 +69,8 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device):
     model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     if spec.method == "lora":
         model.to(device)
+    else:
+        keep_one_4bit_layout(model)
     model.config.use_cache = False
     for p in model.parameters():
         p.requires_grad_(False)
@@ -76,6 +78,17 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device):
         # Non-reentrant checkpointing needs no input grads and works with frozen embeddings.
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return attach_lora(model, spec)
+
+
+def keep_one_4bit_layout(model) -> None:
+    """On CPUs with AVX512-BF16, bitsandbytes repacks a 4-bit weight into an inference layout the
+    first time it runs in eval mode without grad, and keeps it: evaluation would change every later
+    training step's numerics. Training keeps the layout it was loaded with."""
+    from bitsandbytes.nn import Linear4bit
+
+    for module in model.modules():
+        if isinstance(module, Linear4bit):
+            module.support_avx512bf16_for_cpu = False
 
 
 def attach_lora(model, spec: JobSpec):

@@ -62,9 +62,12 @@ def _records(out: Path, kind: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_evaluation_on_a_second_dataset_does_not_change_training(make_config, tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_evaluation_on_a_second_dataset_does_not_change_training(
+    make_config, tmp_path: Path, method: str
+) -> None:
     val_file = write_jsonl(tmp_path / "val.jsonl", qa_rows(4, start=40))
-    kw = {"epochs": 2, "lora_dropout": 0.1}
+    kw = {"epochs": 2, "lora_dropout": 0.1, "method": method}
     plain = make_config(qa_rows(8), name="plain", **kw)
     evald = make_config(qa_rows(8), name="evald", validation_dataset_id="valdata01", eval_every_steps=1, **kw)
     evald = evald.model_copy(update={"validation_path": str(val_file)})

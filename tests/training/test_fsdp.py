@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from core.storage import ADAPTER_DIR, CHECKPOINTS_DIR, METRICS_FILE
-from tests.training.util import qa_rows
+from tests.training.util import qa_rows, write_jsonl
 from training.checkpoint import checkpoint_name, list_checkpoints
 from training.metrics import read_metrics
 from training.run import EXIT_OK, run
@@ -69,11 +69,14 @@ def losses(out: Path) -> dict[int, float]:
 def test_fsdp_equals_one_process_with_the_same_global_batch(
     make_config, tmp_path: Path, method: str, epochs: int
 ) -> None:
+    # Evaluation on a second file every 2 steps: every rank evaluates (the forward all-gathers).
     kw = {"method": method, "epochs": epochs, "checkpoint_every_steps": 1}
-    fsdp = make_config(qa_rows(18), name="fsdp", **kw, **FSDP)
+    kw.update(validation_dataset_id="valdata01", eval_every_steps=2)
+    val = {"validation_path": str(write_jsonl(tmp_path / "val.jsonl", qa_rows(3, start=50)))}
+    fsdp = make_config(qa_rows(18), name="fsdp", **kw, **FSDP).model_copy(update=val)
     single = make_config(
         qa_rows(18), name="single", **kw, **{**FSDP, "num_gpus": 1, "gradient_accumulation_steps": 4}
-    )
+    ).model_copy(update=val)
     out_fsdp, out_single = Path(fsdp.output_dir), Path(single.output_dir)
 
     proc = launch(fsdp, tmp_path)
@@ -85,6 +88,9 @@ def test_fsdp_equals_one_process_with_the_same_global_batch(
     steps = 3 * epochs
     assert sorted(losses(out_fsdp)) == list(range(1, steps + 1))  # rank 0 alone wrote the metrics
     assert losses(out_fsdp) == pytest.approx(losses(out_single), abs=1e-5)
+    evals = {r["step"]: r["eval_loss"] for r in records(out_fsdp, "eval")}
+    assert sorted(evals) == list(range(2, steps + 1, 2)) + ([steps] if steps % 2 else [])
+    assert evals == pytest.approx({r["step"]: r["eval_loss"] for r in records(out_single, "eval")}, abs=1e-5)
     diff = max_diff(adapter(out_fsdp), adapter(out_single))
     print(f"{method}: max |FSDP - single process| over the adapter = {diff:.2e}")
     assert diff < 1e-4
