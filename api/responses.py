@@ -28,7 +28,7 @@ class ErrorResponse(BaseModel):
 
 
 DESCRIPTIONS = {
-    400: "Bad request",
+    400: "The body could not be decoded (e.g. not UTF-8)",
     401: "Missing, invalid or revoked API key",
     403: "Needs an admin key",
     404: "Not found, or owned by another tenant",

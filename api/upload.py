@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Request
+from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 
@@ -161,13 +162,16 @@ async def _receive_multipart(
             "on_part_end": on_part_end,
         },
     )
-    async for chunk in _chunks(request, idle_timeout):
-        parser.write(chunk)
-        if pending:
-            data = b"".join(pending)
-            pending.clear()
-            await run_in_threadpool(sink.write, data)
-    parser.finalize()
+    try:
+        async for chunk in _chunks(request, idle_timeout):
+            parser.write(chunk)
+            if pending:
+                data = b"".join(pending)
+                pending.clear()
+                await run_in_threadpool(sink.write, data)
+        parser.finalize()
+    except MultipartParseError as e:  # a broken body is the client's error, not a 500
+        raise InvalidInput(f"malformed multipart body: {e}", code="invalid_multipart") from e
     if pending:
         await run_in_threadpool(sink.write, b"".join(pending))
     if not saw_file:

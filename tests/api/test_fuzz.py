@@ -46,7 +46,10 @@ def fuzz_app(tmp_path: Path, sqlite_url: str) -> Iterator[FastAPI]:
 
     upgrade(sqlite_url)
     (tmp_path / "models" / "tiny").mkdir(parents=True)
-    (tmp_path / "models" / "tiny" / "config.json").write_text(json.dumps(TINY_CONFIG))
+    # Small enough that a generated spec can fit plan_gpu, so admission and planning run to the end.
+    config = TINY_CONFIG | {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+    config |= {"num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000}
+    (tmp_path / "models" / "tiny" / "config.json").write_text(json.dumps(config))
     settings = Settings(
         data_dir=tmp_path / "data",
         models_dir=tmp_path / "models",
@@ -56,6 +59,7 @@ def fuzz_app(tmp_path: Path, sqlite_url: str) -> Iterator[FastAPI]:
         bootstrap_admin_key=ADMIN_KEY,
         rate_limit_per_minute=1_000_000,  # the fuzz is one fast client; 429s would hide the rest
         upload_idle_timeout_seconds=5,
+        plan_gpu="24GB",  # a configured deployment: /plan without a fleet would be a (documented) 503
     )
     app = create_app(settings, enqueue=RecordingEnqueuer())
     app.state.services.broker_ping = lambda: True  # /ready: the broker is not what is fuzzed here
@@ -63,9 +67,25 @@ def fuzz_app(tmp_path: Path, sqlite_url: str) -> Iterator[FastAPI]:
     app.state.services.engine.dispose()
 
 
-def _fuzz(operation: APIOperation) -> None:
+def _with_real_ids(case: schemathesis.Case, ids: dict[str, str]) -> schemathesis.Case:
+    """Point a generated request at rows that exist, so the fuzz gets past the 404s and 422s too."""
+    for name, value in ids.items():
+        if case.path_parameters and name in case.path_parameters:
+            case.path_parameters[name] = value
+    if isinstance(case.body, dict):
+        if "dataset_id" in case.body:
+            case.body["dataset_id"] = ids["dataset_id"]
+        if "base_model" in case.body:
+            case.body["base_model"] = "tiny"
+        if "file" in case.body:
+            case.body["file"] = ALPACA
+    return case
+
+
+def _fuzz(operation: APIOperation, ids: dict[str, str]) -> None:
     """Valid and invalid requests for one operation; raises on the first failing check."""
-    strategy = st.one_of(*(operation.as_strategy(mode) for mode in GenerationMode))
+    generated = st.one_of(*(operation.as_strategy(mode) for mode in GenerationMode))
+    strategy = st.one_of(generated, generated.map(lambda case: _with_real_ids(case, ids)))
 
     @given(case=strategy)
     @settings(
@@ -82,9 +102,14 @@ def _fuzz(operation: APIOperation) -> None:
 
 
 def test_api_fuzz(fuzz_app: FastAPI) -> None:
-    # One real dataset, so that listing and reading answer with real rows too.
+    # A real dataset and job, so that reading, listing and cancelling meet real rows too.
     with TestClient(fuzz_app, headers=AUTH) as c:
-        assert c.post("/datasets", files={"file": ("a.jsonl", ALPACA)}).status_code == 201
+        r = c.post("/datasets", files={"file": ("a.jsonl", ALPACA)})
+        assert r.status_code == 201, r.text
+        ids = {"dataset_id": r.json()["id"]}
+        r = c.post("/jobs", json={"base_model": "tiny", "dataset_id": ids["dataset_id"]})
+        assert r.status_code == 202, r.text
+        ids["job_id"] = r.json()["id"]
     # schemathesis' pytest integration (from_fixture) breaks on pytest 9.2, so operations are driven
     # directly: each one gets its own Hypothesis run, and every failing operation is reported.
     schema = schemathesis.openapi.from_asgi("/openapi.json", fuzz_app)
@@ -93,7 +118,7 @@ def test_api_fuzz(fuzz_app: FastAPI) -> None:
     assert len(operations) >= 10
     for operation in operations:
         try:
-            _fuzz(operation)
+            _fuzz(operation, ids)
         except (Exception, FailureGroup) as e:  # a FailureGroup is a BaseExceptionGroup
             failures[operation.label] = str(e) + "".join(f"\n{f}" for f in getattr(e, "exceptions", ()))
     assert not failures, "\n\n".join(f"{label}\n{err}" for label, err in failures.items())
