@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from core.errors import InvalidInput, PayloadTooLarge, RequestTimeout
 
 FILE_FIELD = "file"
+DEFAULT_FILENAME = "upload.jsonl"
 MAX_FORM_FIELD_BYTES = 64 * 1024
 RAW_TYPES = {
     "application/x-ndjson",
@@ -35,7 +36,7 @@ RAW_TYPES = {
 
 @dataclass
 class Upload:
-    filename: str = "upload.jsonl"
+    filename: str = DEFAULT_FILENAME
     size: int = 0
     fields: dict[str, str] = field(default_factory=dict)
 
@@ -89,7 +90,7 @@ async def receive(request: Request, sink: FileSink, idle_timeout: float = 60) ->
     if ctype_s == "multipart/form-data":
         return await _receive_multipart(request, sink, params.get(b"boundary"), idle_timeout)
     if ctype_s in RAW_TYPES or not ctype_s:
-        upload = Upload(filename=request.query_params.get("filename", "upload.jsonl")[:255])
+        upload = Upload(filename=clean_filename(request.query_params.get("filename")))
         async for chunk in _chunks(request, idle_timeout):
             await run_in_threadpool(sink.write, chunk)
         upload.size = sink.size
@@ -133,9 +134,7 @@ async def _receive_multipart(
         if part["is_file"]:
             saw_file = True
             if opts.get(b"filename"):
-                upload.filename = (
-                    Path(opts[b"filename"].decode(errors="replace")).name[:255] or "upload.jsonl"
-                )
+                upload.filename = clean_filename(opts[b"filename"].decode(errors="replace"))
 
     def on_part_data(data: bytes, start: int, end: int) -> None:
         if part.get("is_file"):
@@ -182,6 +181,14 @@ async def _receive_multipart(
         )
     upload.size = sink.size
     return upload
+
+
+def clean_filename(raw: str | None) -> str:
+    """The client's file name, kept as a label only (paths come from ids): its last component,
+    printable characters, at most 255; "..", "." or nothing become the default name."""
+    name = (raw or "").replace("\\", "/").rsplit("/", 1)[-1]
+    name = "".join(ch for ch in name if ch.isprintable()).strip()[:255]
+    return DEFAULT_FILENAME if name in ("", ".", "..") else name
 
 
 def parse_column_mapping(raw: str | None) -> dict[str, str] | None:
