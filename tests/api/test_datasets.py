@@ -65,3 +65,18 @@ def test_list_paginates(client: TestClient) -> None:
     second = client.get(f"/datasets?limit=2&after={first['next_cursor']}").json()
     assert not second["has_more"]
     assert {d["id"] for d in first["data"] + second["data"]} == ids
+
+
+def test_file_sink_never_writes_past_the_limit(tmp_path: Path) -> None:
+    import pytest
+
+    from api.upload import FileSink
+    from core.errors import PayloadTooLarge
+
+    fed: list[bytes] = []
+    sink = FileSink(tmp_path / "f", fed.append, max_bytes=10)
+    sink.write(b"12345678")
+    with pytest.raises(PayloadTooLarge):
+        sink.write(b"abc")  # would make 11 bytes: refused whole, before it reaches the disk
+    sink.close()
+    assert (tmp_path / "f").read_bytes() == b"12345678" and fed == [b"12345678"]
