@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class ErrorInfo(BaseModel):
+class ErrorDetail(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     code: str = Field(description="Stable, machine-readable, e.g. 'job_not_found'.")
@@ -22,9 +22,9 @@ class ErrorInfo(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    model_config = ConfigDict(extra="forbid", title="Error")
+    model_config = ConfigDict(extra="forbid")
 
-    error: ErrorInfo
+    error: ErrorDetail
 
 
 DESCRIPTIONS = {
