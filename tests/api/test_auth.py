@@ -10,7 +10,7 @@ from core.states import JobStatus
 from core.storage import new_id
 from models import jobs as jobs_db
 from models.db import session_scope
-from models.tables import ApiKey, utcnow
+from models.tenants import revoke_key
 from tests.api.conftest import ALPACA, new_key
 
 
@@ -37,9 +37,9 @@ def test_missing_or_wrong_key_is_401_on_every_route(
 ) -> None:
     ids = {"job_id": _job(client, dataset_id), "dataset_id": dataset_id}
     revoked = new_key(app, "acme")
-    key_id = revoked["Authorization"].split("_")[1]
+    assert client.get("/jobs", headers=revoked).status_code == 200
     with session_scope(app.state.services.sessions) as s:
-        s.get(ApiKey, key_id).revoked_at = utcnow()  # type: ignore[union-attr]
+        assert revoke_key(s, revoked["Authorization"].split("_")[1])  # by its id
     wrong_secret = {"Authorization": revoked["Authorization"][:-4] + "AAAA"}
     bad_headers: list[dict[str, str]] = [
         {},
@@ -193,3 +193,24 @@ def test_auth_off_is_explicit_dev_mode(settings: Settings) -> None:
     with TestClient(app) as anonymous:
         assert anonymous.get("/workers").status_code == 200  # everyone is the local admin
     app.state.services.engine.dispose()
+
+
+def test_cli_creates_and_revokes_keys(app: FastAPI, settings: Settings) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTUNE_")}
+    env |= {"FTUNE_DATABASE_URL": settings.resolved_database_url, "FTUNE_DATA_DIR": str(settings.data_dir)}
+
+    def ftune(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cli", *args], env=env, capture_output=True, text=True)
+
+    out = ftune("keys", "create", "--tenant", "initech")
+    assert out.returncode == 0, out.stderr
+    key = out.stdout.split()[-1]
+    with TestClient(app, headers={"Authorization": f"Bearer {key}"}) as c:
+        assert c.get("/jobs").status_code == 200
+        assert ftune("keys", "revoke", key).returncode == 0
+        assert c.get("/jobs").status_code == 401
+    assert ftune("keys", "revoke", "ftk_000000000000_" + "x" * 32).returncode == 1
