@@ -2,8 +2,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
+from api.upload import FileSink
+from core.errors import PayloadTooLarge
 from core.settings import Settings
 from tests.api.conftest import ALPACA, jsonl
 
@@ -68,11 +71,6 @@ def test_list_paginates(client: TestClient) -> None:
 
 
 def test_file_sink_never_writes_past_the_limit(tmp_path: Path) -> None:
-    import pytest
-
-    from api.upload import FileSink
-    from core.errors import PayloadTooLarge
-
     fed: list[bytes] = []
     sink = FileSink(tmp_path / "f", fed.append, max_bytes=10)
     sink.write(b"12345678")

@@ -8,6 +8,7 @@ The number of examples is bounded so that `make test` stays fast; raise FTUNE_FU
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,8 +29,10 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from api.deps import get_session
 from api.main import create_app
 from core.settings import Settings
+from models.migrate import upgrade
 from tests.api.conftest import ALPACA, TINY_CONFIG, RecordingEnqueuer
 
 ADMIN_KEY = "ftk_fuzzadmin000_" + "f" * 32
@@ -40,10 +43,6 @@ EXAMPLES = int(os.environ.get("FTUNE_FUZZ_EXAMPLES", "30"))
 
 @pytest.fixture
 def fuzz_app(tmp_path: Path, sqlite_url: str) -> Iterator[FastAPI]:
-    import json
-
-    from models.migrate import upgrade
-
     upgrade(sqlite_url)
     (tmp_path / "models" / "tiny").mkdir(parents=True)
     # Small enough that a generated spec can fit plan_gpu, so admission and planning run to the end.
@@ -122,3 +121,14 @@ def test_api_fuzz(fuzz_app: FastAPI) -> None:
         except (Exception, FailureGroup) as e:  # a FailureGroup is a BaseExceptionGroup
             failures[operation.label] = str(e) + "".join(f"\n{f}" for f in getattr(e, "exceptions", ()))
     assert not failures, "\n\n".join(f"{label}\n{err}" for label, err in failures.items())
+
+
+def test_the_fuzz_catches_a_server_error(fuzz_app: FastAPI) -> None:
+    def broken() -> None:
+        raise RuntimeError("a bug")
+
+    fuzz_app.dependency_overrides[get_session] = broken
+    schema = schemathesis.openapi.from_asgi("/openapi.json", fuzz_app)
+    operation = schema["/jobs"]["GET"]
+    with pytest.raises((Exception, FailureGroup)):
+        _fuzz(operation, {})
