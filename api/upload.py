@@ -23,6 +23,8 @@ from core.errors import InvalidInput, PayloadTooLarge, RequestTimeout
 
 FILE_FIELD = "file"
 DEFAULT_FILENAME = "upload.jsonl"
+# Everything in a multipart body but the file (other fields, part headers), all parts together: without
+# a total, a chunked body of many named fields would grow in memory with no end.
 MAX_FORM_FIELD_BYTES = 64 * 1024
 RAW_TYPES = {
     "application/x-ndjson",
@@ -111,15 +113,28 @@ async def _receive_multipart(
     part: dict[str, Any] = {}
     pending: list[bytes] = []  # file bytes parsed from the current chunk, written off the event loop
     saw_file = False
+    overhead = 0  # bytes of part headers and non-file fields so far
+
+    def count(n: int) -> None:
+        nonlocal overhead
+        overhead += n
+        if overhead > MAX_FORM_FIELD_BYTES:
+            raise PayloadTooLarge(
+                f"the form fields and part headers exceed {MAX_FORM_FIELD_BYTES} bytes",
+                param=part.get("name") or None,
+                details={"max_form_bytes": MAX_FORM_FIELD_BYTES},
+            )
 
     def on_part_begin() -> None:
         part.clear()
-        part.update(headers={}, field=b"", value=b"", data=[], size=0)
+        part.update(headers={}, field=b"", value=b"", data=[])
 
     def on_header_field(data: bytes, start: int, end: int) -> None:
+        count(end - start)
         part["field"] += data[start:end]
 
     def on_header_value(data: bytes, start: int, end: int) -> None:
+        count(end - start)
         part["value"] += data[start:end]
 
     def on_header_end() -> None:
@@ -140,9 +155,7 @@ async def _receive_multipart(
         if part.get("is_file"):
             pending.append(data[start:end])
             return
-        part["size"] += end - start
-        if part["size"] > MAX_FORM_FIELD_BYTES:
-            raise InvalidInput(f"form field {part['name']!r} is too large", param=part["name"])
+        count(end - start)
         part["data"].append(data[start:end])
 
     def on_part_end() -> None:
