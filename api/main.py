@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
 from api import errors
+from api.bodylimit import MAX_JSON_BODY_BYTES, BodySizeLimit
 from api.deps import Services
 from api.ratelimit import RateLimiter
 from api.routes import dashboard, datasets, health, jobs, models, plan, workers
@@ -83,4 +84,5 @@ def create_app(settings: Settings | None = None, enqueue: Callable[[str], bool] 
     errors.install(app)
     for module in (health, datasets, jobs, plan, models, workers, dashboard):
         app.include_router(module.router)
+    app.add_middleware(BodySizeLimit, max_bytes=MAX_JSON_BODY_BYTES, exempt={("POST", "/datasets")})
     return app

@@ -34,7 +34,7 @@ DESCRIPTIONS = {
     404: "Not found, or owned by another tenant",
     408: "The upload stalled",
     409: "Conflicts with the resource's state",
-    413: "Over the upload limit or the tenant's storage quota",
+    413: "Over the size limit (upload, storage quota, or 1 MiB for a JSON body)",
     415: "Unsupported content type",
     422: "Invalid input; every problem is listed in details",
     429: "Rate or active-job limit; see Retry-After",

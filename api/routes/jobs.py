@@ -35,7 +35,7 @@ def _get(session: Any, job_id: str, principal: Principal) -> Job:
     return job
 
 
-@router.post("", status_code=202, response_model=JobOut, responses=errors(400, 409))
+@router.post("", status_code=202, response_model=JobOut, responses=errors(400, 409, 413))
 def create_job(
     spec: JobSpec,
     services: ServicesDep,

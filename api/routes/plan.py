@@ -22,7 +22,7 @@ class PlanRequest(JobSpec):
     )
 
 
-@router.post("/plan", response_model=Plan, responses=errors(400, 503))
+@router.post("/plan", response_model=Plan, responses=errors(400, 413, 503))
 def plan(request: PlanRequest, session: SessionDep, services: ServicesDep, principal: PrincipalDep) -> Plan:
     """Predicted peak memory per GPU, itemised; the verdict; and, if it does not fit, changes that do."""
     spec = JobSpec.model_validate(request.model_dump(exclude={"gpu"}))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Iterator
 
 import pytest
 from fastapi import FastAPI
@@ -75,3 +77,19 @@ def test_undecodable_json_body_is_400_in_the_shape(client: TestClient) -> None:
         "/jobs", content=b'{"base_model": "\xff\xfe"}', headers={"content-type": "application/json"}
     )
     assert r.status_code in (400, 422) and _is_error_shape(r.json())
+
+
+def test_json_bodies_are_capped(client: TestClient, dataset_id: str) -> None:
+    spec = {"base_model": "tiny", "dataset_id": dataset_id}
+    padded = json.dumps(spec | {"pad": "x" * (2 << 20)}).encode()  # 2 MiB, would be buffered whole
+    for url in ("/jobs", "/plan"):
+        r = client.post(url, content=padded, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and _is_error_shape(r.json()), r.text
+
+        def chunks(body: bytes = padded) -> Iterator[bytes]:  # no Content-Length: cut off on the way
+            for i in range(0, len(body), 64 * 1024):
+                yield body[i : i + 64 * 1024]
+
+        r = client.post(url, content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large", r.text
+    assert client.post("/jobs", json=spec).status_code == 202  # an ordinary body is untouched
