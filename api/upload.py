@@ -26,6 +26,7 @@ DEFAULT_FILENAME = "upload.jsonl"
 # Everything in a multipart body but the file (other fields, part headers), all parts together: without
 # a total, a chunked body of many named fields would grow in memory with no end.
 MAX_FORM_FIELD_BYTES = 64 * 1024
+MIN_BYTES_PER_SECOND = 1024  # averaged over the whole upload, once it is older than the idle timeout
 RAW_TYPES = {
     "application/x-ndjson",
     "application/jsonl",
@@ -68,15 +69,23 @@ class FileSink:
 
 
 async def _chunks(request: Request, idle_timeout: float) -> AsyncIterator[bytes]:
-    """The body's chunks; a client that sends nothing for idle_timeout seconds is dropped (408)."""
+    """The body's chunks. Dropped (408): a client that sends nothing for idle_timeout seconds, and one
+    that, past idle_timeout, averages under MIN_BYTES_PER_SECOND (a drip-feed would hold a slot forever)."""
     stream = request.stream().__aiter__()
+    loop = asyncio.get_running_loop()
+    start, received = loop.time(), 0
     while True:
         try:
-            yield await asyncio.wait_for(stream.__anext__(), idle_timeout)
+            chunk = await asyncio.wait_for(stream.__anext__(), idle_timeout)
         except StopAsyncIteration:
             return
         except TimeoutError as e:
             raise RequestTimeout(f"upload stalled: no data for {idle_timeout:g} s", param=FILE_FIELD) from e
+        received += len(chunk)
+        elapsed = loop.time() - start
+        if elapsed > idle_timeout and received < elapsed * MIN_BYTES_PER_SECOND:
+            raise RequestTimeout(f"upload too slow: {received} bytes in {elapsed:.0f} s", param=FILE_FIELD)
+        yield chunk
 
 
 async def receive(request: Request, sink: FileSink, idle_timeout: float = 60) -> Upload:

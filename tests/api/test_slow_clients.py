@@ -132,3 +132,24 @@ def test_oversized_upload_is_refused_before_the_disk_fills(server: tuple[str, Pa
         r = c.post("/datasets", content=chunks(), headers={"content-type": "application/x-ndjson"})
         assert r.status_code == 413 and r.json()["error"]["details"] == {"max_bytes": MAX_UPLOAD}
     assert _files(data_dir, "tmp") == [] and _files(data_dir, "datasets") == []
+
+
+def test_drip_fed_upload_is_dropped(server: tuple[str, Path]) -> None:
+    base, data_dir = server
+    s = _stall(base, _upload_head("application/x-ndjson", 50_000), b"{")
+    started = time.monotonic()
+    s.settimeout(1)
+    answer = b""
+    for _ in range(int(IDLE_TIMEOUT) * 4):  # a byte a second: never idle, never done
+        time.sleep(0.9)
+        try:
+            s.sendall(b" ")
+            answer += s.recv(65536)
+        except (TimeoutError, BrokenPipeError, ConnectionResetError):
+            pass
+        if answer:
+            break
+    s.close()
+    assert answer.startswith(b"HTTP/1.1 408") and b"too slow" in answer, answer[:300]
+    assert time.monotonic() - started < IDLE_TIMEOUT + 3
+    assert _files(data_dir, "tmp") == []
