@@ -5,13 +5,22 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.deps import ServicesDep
 from core.errors import Forbidden, Unauthorized
 from models.tenants import Principal, authenticate
 
+# Declares the scheme in the OpenAPI document (the /docs "Authorize" button); the header is parsed below,
+# so that every failure is our 401 in the one error shape.
+bearer = HTTPBearer(auto_error=False, description="An API key from `ftune keys create --tenant NAME`.")
 
-def get_principal(request: Request, services: ServicesDep) -> Principal:
+
+def get_principal(
+    request: Request,
+    services: ServicesDep,
+    _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None,
+) -> Principal:
     if services.local_principal is not None:  # FTUNE_AUTH=off
         return services.local_principal
     scheme, _, token = request.headers.get("authorization", "").partition(" ")

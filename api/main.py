@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
 from api import errors
+from api.bodylimit import MAX_JSON_BODY_BYTES, BodySizeLimit
 from api.deps import Services
 from api.metrics import LatencyMiddleware, new_registry
 from api.ratelimit import RateLimiter
@@ -86,4 +87,5 @@ def create_app(settings: Settings | None = None, enqueue: Callable[[str], bool] 
     app.add_middleware(LatencyMiddleware, latency=latency)
     for module in (health, datasets, jobs, live, plan, models, workers, dashboard, metrics):
         app.include_router(module.router)
+    app.add_middleware(BodySizeLimit, max_bytes=MAX_JSON_BODY_BYTES, exempt={("POST", "/datasets")})
     return app

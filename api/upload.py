@@ -15,13 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Request
+from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 
 from core.errors import InvalidInput, PayloadTooLarge, RequestTimeout
 
 FILE_FIELD = "file"
+DEFAULT_FILENAME = "upload.jsonl"
+# Everything in a multipart body but the file (other fields, part headers), all parts together: without
+# a total, a chunked body of many named fields would grow in memory with no end.
 MAX_FORM_FIELD_BYTES = 64 * 1024
+MIN_BYTES_PER_SECOND = 1024  # averaged over the whole upload, once it is older than the idle timeout
 RAW_TYPES = {
     "application/x-ndjson",
     "application/jsonl",
@@ -34,7 +39,7 @@ RAW_TYPES = {
 
 @dataclass
 class Upload:
-    filename: str = "upload.jsonl"
+    filename: str = DEFAULT_FILENAME
     size: int = 0
     fields: dict[str, str] = field(default_factory=dict)
 
@@ -64,15 +69,23 @@ class FileSink:
 
 
 async def _chunks(request: Request, idle_timeout: float) -> AsyncIterator[bytes]:
-    """The body's chunks; a client that sends nothing for idle_timeout seconds is dropped (408)."""
+    """The body's chunks. Dropped (408): a client that sends nothing for idle_timeout seconds, and one
+    that, past idle_timeout, averages under MIN_BYTES_PER_SECOND (a drip-feed would hold a slot forever)."""
     stream = request.stream().__aiter__()
+    loop = asyncio.get_running_loop()
+    start, received = loop.time(), 0
     while True:
         try:
-            yield await asyncio.wait_for(stream.__anext__(), idle_timeout)
+            chunk = await asyncio.wait_for(stream.__anext__(), idle_timeout)
         except StopAsyncIteration:
             return
         except TimeoutError as e:
             raise RequestTimeout(f"upload stalled: no data for {idle_timeout:g} s", param=FILE_FIELD) from e
+        received += len(chunk)
+        elapsed = loop.time() - start
+        if elapsed > idle_timeout and received < elapsed * MIN_BYTES_PER_SECOND:
+            raise RequestTimeout(f"upload too slow: {received} bytes in {elapsed:.0f} s", param=FILE_FIELD)
+        yield chunk
 
 
 async def receive(request: Request, sink: FileSink, idle_timeout: float = 60) -> Upload:
@@ -88,7 +101,7 @@ async def receive(request: Request, sink: FileSink, idle_timeout: float = 60) ->
     if ctype_s == "multipart/form-data":
         return await _receive_multipart(request, sink, params.get(b"boundary"), idle_timeout)
     if ctype_s in RAW_TYPES or not ctype_s:
-        upload = Upload(filename=request.query_params.get("filename", "upload.jsonl")[:255])
+        upload = Upload(filename=clean_filename(request.query_params.get("filename")))
         async for chunk in _chunks(request, idle_timeout):
             await run_in_threadpool(sink.write, chunk)
         upload.size = sink.size
@@ -109,15 +122,28 @@ async def _receive_multipart(
     part: dict[str, Any] = {}
     pending: list[bytes] = []  # file bytes parsed from the current chunk, written off the event loop
     saw_file = False
+    overhead = 0  # bytes of part headers and non-file fields so far
+
+    def count(n: int) -> None:
+        nonlocal overhead
+        overhead += n
+        if overhead > MAX_FORM_FIELD_BYTES:
+            raise PayloadTooLarge(
+                f"the form fields and part headers exceed {MAX_FORM_FIELD_BYTES} bytes",
+                param=part.get("name") or None,
+                details={"max_form_bytes": MAX_FORM_FIELD_BYTES},
+            )
 
     def on_part_begin() -> None:
         part.clear()
-        part.update(headers={}, field=b"", value=b"", data=[], size=0)
+        part.update(headers={}, field=b"", value=b"", data=[])
 
     def on_header_field(data: bytes, start: int, end: int) -> None:
+        count(end - start)
         part["field"] += data[start:end]
 
     def on_header_value(data: bytes, start: int, end: int) -> None:
+        count(end - start)
         part["value"] += data[start:end]
 
     def on_header_end() -> None:
@@ -132,17 +158,13 @@ async def _receive_multipart(
         if part["is_file"]:
             saw_file = True
             if opts.get(b"filename"):
-                upload.filename = (
-                    Path(opts[b"filename"].decode(errors="replace")).name[:255] or "upload.jsonl"
-                )
+                upload.filename = clean_filename(opts[b"filename"].decode(errors="replace"))
 
     def on_part_data(data: bytes, start: int, end: int) -> None:
         if part.get("is_file"):
             pending.append(data[start:end])
             return
-        part["size"] += end - start
-        if part["size"] > MAX_FORM_FIELD_BYTES:
-            raise InvalidInput(f"form field {part['name']!r} is too large", param=part["name"])
+        count(end - start)
         part["data"].append(data[start:end])
 
     def on_part_end() -> None:
@@ -161,13 +183,16 @@ async def _receive_multipart(
             "on_part_end": on_part_end,
         },
     )
-    async for chunk in _chunks(request, idle_timeout):
-        parser.write(chunk)
-        if pending:
-            data = b"".join(pending)
-            pending.clear()
-            await run_in_threadpool(sink.write, data)
-    parser.finalize()
+    try:
+        async for chunk in _chunks(request, idle_timeout):
+            parser.write(chunk)
+            if pending:
+                data = b"".join(pending)
+                pending.clear()
+                await run_in_threadpool(sink.write, data)
+        parser.finalize()
+    except MultipartParseError as e:  # a broken body is the client's error, not a 500
+        raise InvalidInput(f"malformed multipart body: {e}", code="invalid_multipart") from e
     if pending:
         await run_in_threadpool(sink.write, b"".join(pending))
     if not saw_file:
@@ -178,6 +203,14 @@ async def _receive_multipart(
         )
     upload.size = sink.size
     return upload
+
+
+def clean_filename(raw: str | None) -> str:
+    """The client's file name, kept as a label only (paths come from ids): its last component,
+    printable characters, at most 255; "..", "." or nothing become the default name."""
+    name = (raw or "").replace("\\", "/").rsplit("/", 1)[-1]
+    name = "".join(ch for ch in name if ch.isprintable()).strip()[:255]
+    return DEFAULT_FILENAME if name in ("", ".", "..") else name
 
 
 def parse_column_mapping(raw: str | None) -> dict[str, str] | None:

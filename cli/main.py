@@ -136,6 +136,18 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    from models.db import make_engine, make_session_factory, session_scope
+    from models.tenants import revoke_key
+
+    engine = make_engine(get_settings().resolved_database_url)
+    with session_scope(make_session_factory(engine)) as s:
+        found = revoke_key(s, args.key)
+    engine.dispose()
+    print("revoked" if found else "no such key", file=sys.stdout if found else sys.stderr)
+    return 0 if found else 1
+
+
 def cmd_up(_: argparse.Namespace) -> int:
     from cli.up import up
 
@@ -170,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--tenant", required=True)
     create.add_argument("--admin", action="store_true", help="an ops key: sees every tenant, the dashboard")
     create.set_defaults(fn=cmd_keys_create)
+    revoke = keys.add_parser("revoke", help="revoke an API key at once (give the key or its id)")
+    revoke.add_argument("key")
+    revoke.set_defaults(fn=cmd_keys_revoke)
     models = sub.add_parser("models", help="base models").add_subparsers(dest="models_command", required=True)
     demo = models.add_parser("build-demo", help="build the small local demo model")
     demo.add_argument("--force", action="store_true")

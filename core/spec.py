@@ -2,12 +2,21 @@
 
 A flat JSON object a curl user can write by hand. Every field but the first two has a default;
 unknown fields are refused and every problem is reported at once (pydantic collects them).
+
+Bounds are what a sane LoRA/QLoRA job can use, so a typo (lr 2, rank 100000) is a 422 and not a
+worker busy for days or a planner asked about absurd sizes:
+- lora_r <= 512: beyond that an adapter costs about what the full fine-tune does; use method full.
+- max_seq_len <= 131072 (128k tokens), micro_batch_size <= 512, gradient_accumulation_steps <= 1024.
+- epochs <= 100, max_steps <= 1,000,000, warmup_steps <= 100,000.
+- learning_rate in (0, 0.1]: AdamW diverges well below 0.1; LoRA typically uses 1e-5 .. 1e-3.
+- weight_decay <= 1, max_grad_norm <= 1000, lora_dropout < 0.9, num_gpus <= 256.
+- at most 64 target modules; no NaN or infinity anywhere (they are not JSON either).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -25,7 +34,7 @@ AttnImpl = Literal["sdpa", "eager", "flash_attention_2"]
 
 
 class JobSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     base_model: str = Field(description="Name of a local base model (see GET /models).")
     dataset_id: str = Field(description="Id of an uploaded, valid dataset.")
@@ -33,25 +42,27 @@ class JobSpec(BaseModel):
     method: Method = Field(
         "lora", description="lora, qlora (4-bit NF4 base) or full (planned only, not trained)."
     )
-    lora_r: int = Field(16, ge=1, le=1024)
-    lora_alpha: float = Field(32, gt=0, le=4096)
-    lora_dropout: float = Field(0.05, ge=0, lt=1)
-    lora_target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    lora_r: int = Field(16, ge=1, le=512)
+    lora_alpha: float = Field(32, gt=0, le=2048)
+    lora_dropout: float = Field(0.05, ge=0, lt=0.9)
+    lora_target_modules: Annotated[list[str], Field(max_length=64)] | Literal["all-linear"] = "all-linear"
 
-    epochs: int = Field(1, ge=1, le=1000)
-    max_steps: int | None = Field(None, ge=1, le=10_000_000, description="Overrides epochs when set.")
-    micro_batch_size: int = Field(4, ge=1, le=4096)
-    gradient_accumulation_steps: int = Field(1, ge=1, le=4096)
-    max_seq_len: int = Field(512, ge=8, le=1_048_576)
+    epochs: int = Field(1, ge=1, le=100)
+    max_steps: int | None = Field(None, ge=1, le=1_000_000, description="Overrides epochs when set.")
+    micro_batch_size: int = Field(4, ge=1, le=512)
+    gradient_accumulation_steps: int = Field(1, ge=1, le=1024)
+    max_seq_len: int = Field(512, ge=8, le=131_072)
 
-    learning_rate: float = Field(2e-4, gt=0, le=1.0)
+    learning_rate: float = Field(2e-4, gt=0, le=0.1)
     lr_scheduler: Scheduler = "linear"
-    warmup_steps: int = Field(0, ge=0, le=1_000_000)
+    warmup_steps: int = Field(0, ge=0, le=100_000)
     warmup_ratio: float | None = Field(
         None, ge=0, lt=1, description="Warmup as a fraction of the total steps; overrides warmup_steps."
     )
-    weight_decay: float = Field(0.0, ge=0, le=10)
-    max_grad_norm: float | None = Field(1.0, gt=0, description="Clip gradients to this norm; null: off.")
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    max_grad_norm: float | None = Field(
+        1.0, gt=0, le=1000, description="Clip gradients to this norm; null: off."
+    )
     optimizer: Optimizer = "adamw"
     seed: int = Field(42, ge=0, le=2**32 - 1)
 
@@ -59,25 +70,27 @@ class JobSpec(BaseModel):
     validation_fraction: float = Field(0.0, ge=0, le=0.5, description="Hold out this share for eval.")
     validation_dataset_id: str | None = Field(None, description="A valid dataset to evaluate on.")
     eval_every_steps: int = Field(
-        0, ge=0, le=10_000_000, description="0: evaluate at each epoch end and at the end."
+        0, ge=0, le=1_000_000, description="0: evaluate at each epoch end and at the end."
     )
     early_stopping_patience: int | None = Field(
         None, ge=1, le=1000, description="Stop after this many evaluations without a better eval loss."
     )
-    early_stopping_min_delta: float = Field(0.0, ge=0, description="Smallest eval-loss drop that counts.")
+    early_stopping_min_delta: float = Field(
+        0.0, ge=0, le=1000, description="Smallest eval-loss drop that counts."
+    )
     export: Literal["adapter", "merged"] = Field(
         "adapter", description="merged: also export the base model with the adapter merged in."
     )
 
     # None means the method's default: on for qlora, off otherwise.
     gradient_checkpointing: bool | None = None
-    checkpoint_every_steps: int = Field(50, ge=0, le=10_000_000, description="0: only at the end.")
+    checkpoint_every_steps: int = Field(50, ge=0, le=1_000_000, description="0: only at the end.")
 
     torch_dtype: TorchDtype = Field("auto", description="Storage dtype of unquantized base weights.")
     mixed_precision: MixedPrecision = Field("auto", description="auto: bf16 on a GPU, off on a CPU.")
     master_weights: bool = Field(False, description="Keep fp32 master copies (full fine-tune).")
     attn_implementation: AttnImpl = "sdpa"
-    num_gpus: int = Field(1, ge=1, le=1024)
+    num_gpus: int = Field(1, ge=1, le=256)
 
     @field_validator("base_model")
     @classmethod

@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core.spec import ID_RE
 from models.pagination import newest_first, page
 from models.tables import Dataset
 
@@ -32,6 +33,8 @@ def create_dataset(
 
 def get_dataset(session: Session, dataset_id: str, tenant_id: str | None = None) -> Dataset | None:
     """The dataset, if it exists and (when tenant_id is given) belongs to that tenant."""
+    if not ID_RE.match(dataset_id):  # e.g. "../x" or a NUL byte, which PostgreSQL refuses with an error
+        return None
     ds = session.get(Dataset, dataset_id)
     return ds if ds is not None and tenant_id in (None, ds.tenant_id) else None
 

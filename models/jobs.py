@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from core.spec import JobSpec
+from core.spec import ID_RE, JobSpec
 from core.states import TERMINAL, JobStatus
 from models.pagination import newest_first, page
 from models.tables import Artifact, Job, JobEvent, utcnow
@@ -52,6 +52,8 @@ def create_job(
 
 def get_job(session: Session, job_id: str, tenant_id: str | None = None) -> Job | None:
     """The job, if it exists and (when tenant_id is given) belongs to that tenant."""
+    if not ID_RE.match(job_id):  # e.g. "../x" or a NUL byte, which PostgreSQL refuses with an error
+        return None
     job = session.get(Job, job_id)
     return job if job is not None and tenant_id in (None, job.tenant_id) else None
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import base64
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Select, and_, or_
 
 from core.errors import InvalidInput
+from core.spec import ID_RE
 
 
 def encode_cursor(created_at: datetime, id_: str) -> str:
@@ -18,9 +19,15 @@ def encode_cursor(created_at: datetime, id_: str) -> str:
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         stamp, id_ = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
-        return datetime.fromisoformat(stamp), id_
-    except (ValueError, UnicodeDecodeError) as e:
+        created_at = datetime.fromisoformat(stamp)
+        if created_at.tzinfo is None:  # the database layer refuses naive times with an error
+            raise ValueError("naive timestamp")
+        created_at = created_at.astimezone(UTC)
+    except (ValueError, UnicodeDecodeError, OverflowError) as e:
         raise InvalidInput("invalid pagination cursor", code="invalid_cursor", param="after") from e
+    if not ID_RE.match(id_):  # only ids go to the database (PostgreSQL refuses NUL bytes with an error)
+        raise InvalidInput("invalid pagination cursor", code="invalid_cursor", param="after")
+    return created_at, id_
 
 
 def newest_first(stmt: Select[Any], table: Any, after: str | None, limit: int) -> Select[Any]:

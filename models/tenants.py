@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from core import keys
 from core.states import TERMINAL
 from core.storage import new_id
-from models.tables import ApiKey, Dataset, Job, Tenant
+from models.tables import ApiKey, Dataset, Job, Tenant, utcnow
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,17 @@ def ensure_key(session: Session, key: str, tenant_name: str, is_admin: bool) -> 
             ApiKey(id=key_id, tenant_id=tenant.id, secret_hash=keys.hash_secret(secret), is_admin=is_admin)
         )
         session.flush()
+
+
+def revoke_key(session: Session, key_or_id: str) -> bool:
+    """Revoke a key, given whole or by its id (the 12 hex after ftk_). False if there is no such key."""
+    parsed = keys.parse(key_or_id)
+    row = session.get(ApiKey, parsed[0] if parsed else key_or_id)
+    if row is None:
+        return False
+    if row.revoked_at is None:
+        row.revoked_at = utcnow()
+    return True
 
 
 def authenticate(session: Session, key: str) -> Principal | None:

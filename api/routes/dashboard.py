@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from api.auth import PrincipalDep, scope
 from api.deps import SessionDep
+from api.responses import AUTHED, errors
 from api.routes.workers import WorkerOut, list_workers
 from models import stats
 from models.tables import utcnow
@@ -39,7 +40,7 @@ class Summary(BaseModel):
     generated_at: datetime
 
 
-@router.get("/dashboard/summary", response_model=Summary)
+@router.get("/dashboard/summary", response_model=Summary, responses=errors(*AUTHED))
 def summary(session: SessionDep, principal: PrincipalDep) -> Any:
     """Counts by status and queue depth (the caller's own jobs, or all for an admin); the fleet for admins."""
     counts = stats.counts_by_status(session, scope(principal))

@@ -14,6 +14,7 @@ from api.auth import PrincipalDep, scope
 from api.deps import Services, ServicesDep, SessionDep
 from api.errors import error_body
 from api.idempotency import IdempotencyKeyHeader, body_hash, check_replay_body, replayed
+from api.responses import AUTHED, errors
 from api.schemas import DatasetOut, Page, dataset_out
 from api.upload import FileSink, parse_column_mapping, receive
 from core.data import DatasetValidator
@@ -25,7 +26,7 @@ from models import tenants as tenants_db
 from models.db import session_scope
 from models.tenants import Principal
 
-router = APIRouter(prefix="/datasets", tags=["datasets"])
+router = APIRouter(prefix="/datasets", tags=["datasets"], responses=errors(*AUTHED))
 SCOPE = "POST /datasets"
 
 UPLOAD_DOC = {
@@ -56,7 +57,7 @@ UPLOAD_DOC = {
     status_code=201,
     response_model=DatasetOut,
     openapi_extra=UPLOAD_DOC,
-    responses={413: {"description": "Upload over the size limit"}, 422: {"description": "Invalid dataset"}},
+    responses=errors(408, 409, 413),
 )
 async def upload_dataset(
     request: Request,
@@ -167,7 +168,7 @@ def list_datasets(
     )
 
 
-@router.get("/{dataset_id}", response_model=DatasetOut)
+@router.get("/{dataset_id}", response_model=DatasetOut, responses=errors(404))
 def get_dataset(dataset_id: str, session: SessionDep, principal: PrincipalDep) -> DatasetOut:
     ds = datasets_db.get_dataset(session, dataset_id, scope(principal))
     if ds is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
@@ -12,12 +13,21 @@ from api.deps import ServicesDep
 router = APIRouter(tags=["health"])
 
 
+class ReadyOut(BaseModel):
+    status: str
+    checks: dict[str, bool]
+
+
 @router.get("/health")
 def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/ready")
+@router.get(
+    "/ready",
+    response_model=ReadyOut,
+    responses={503: {"model": ReadyOut, "description": "The database or the broker does not answer"}},
+)
 async def ready(services: ServicesDep) -> JSONResponse:
     """Ready when the database and the broker both answer."""
 

@@ -13,6 +13,7 @@ from api.admission import admit
 from api.auth import PrincipalDep, scope
 from api.deps import Services, ServicesDep, SessionDep
 from api.idempotency import IdempotencyKeyHeader, body_hash, run_once
+from api.responses import AUTHED, errors
 from api.schemas import ArtifactOut, EventOut, EventPage, JobOut, Page, artifact_out, event_out, job_out
 from core.errors import Conflict, NotFound, RateLimited
 from core.spec import JobSpec
@@ -24,7 +25,7 @@ from models.db import session_scope
 from models.tables import Job
 from models.tenants import Principal
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(*AUTHED))
 
 
 def _get(session: Any, job_id: str, principal: Principal) -> Job:
@@ -35,7 +36,7 @@ def _get(session: Any, job_id: str, principal: Principal) -> Job:
     return job
 
 
-@router.post("", status_code=202, response_model=JobOut)
+@router.post("", status_code=202, response_model=JobOut, responses=errors(400, 409, 413))
 def create_job(
     spec: JobSpec,
     services: ServicesDep,
@@ -84,12 +85,12 @@ def list_jobs(
     return Page[JobOut](data=[job_out(j) for j in rows], has_more=cursor is not None, next_cursor=cursor)
 
 
-@router.get("/{job_id}", response_model=JobOut)
+@router.get("/{job_id}", response_model=JobOut, responses=errors(404))
 def get_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> JobOut:
     return job_out(_get(session, job_id, principal))
 
 
-@router.post("/{job_id}/cancel", status_code=202, response_model=JobOut)
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobOut, responses=errors(404, 409))
 def cancel_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> JobOut:
     """Cancel: a queued job at once; a running one stops after its current step and saves a checkpoint."""
     with session_scope(services.sessions) as s:
@@ -101,7 +102,7 @@ def cancel_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> J
         return job_out(job)
 
 
-@router.get("/{job_id}/events", response_model=EventPage)
+@router.get("/{job_id}/events", response_model=EventPage, responses=errors(404))
 def list_events(
     job_id: str,
     session: SessionDep,
@@ -115,7 +116,7 @@ def list_events(
     return EventPage(data=data, has_more=has_more, next_after=data[-1].id if data else None)
 
 
-@router.get("/{job_id}/metrics")
+@router.get("/{job_id}/metrics", responses=errors(404))
 def get_metrics(
     job_id: str,
     session: SessionDep,
@@ -145,7 +146,7 @@ def get_metrics(
     return {"data": [steps[k] for k in sorted(steps)], "eval": [evals[k] for k in sorted(evals)]}
 
 
-@router.get("/{job_id}/artifacts", response_model=list[ArtifactOut])
+@router.get("/{job_id}/artifacts", response_model=list[ArtifactOut], responses=errors(404))
 def list_artifacts(job_id: str, session: SessionDep, principal: PrincipalDep) -> list[ArtifactOut]:
     return [artifact_out(a) for a in _get(session, job_id, principal).artifacts]
 
@@ -153,7 +154,10 @@ def list_artifacts(job_id: str, session: SessionDep, principal: PrincipalDep) ->
 @router.get(
     "/{job_id}/adapter",
     response_class=FileResponse,
-    responses={200: {"content": {"application/gzip": {}}, "description": "adapter .tar.gz"}},
+    responses={
+        200: {"content": {"application/gzip": {}}, "description": "adapter .tar.gz"},
+        **errors(404, 409),
+    },
 )
 def download_adapter(
     job_id: str, session: SessionDep, services: ServicesDep, principal: PrincipalDep
@@ -166,7 +170,10 @@ def download_adapter(
 @router.get(
     "/{job_id}/merged",
     response_class=FileResponse,
-    responses={200: {"content": {"application/gzip": {}}, "description": "merged model .tar.gz"}},
+    responses={
+        200: {"content": {"application/gzip": {}}, "description": "merged model .tar.gz"},
+        **errors(404, 409),
+    },
 )
 def download_merged(
     job_id: str, session: SessionDep, services: ServicesDep, principal: PrincipalDep

@@ -11,13 +11,14 @@ from starlette.background import BackgroundTask
 
 from api.auth import PrincipalDep
 from api.deps import ServicesDep, SessionDep
+from api.responses import AUTHED, errors
 from api.routes.jobs import _get
 from api.sse import event_stream
 from core.errors import InvalidInput, NotFound
 from core.planner import Plan
 from models.tables import Artifact
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(*AUTHED, 404))
 
 
 def _resume_point(after: int, last_event_id: str | None) -> int:

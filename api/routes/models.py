@@ -6,9 +6,10 @@ from fastapi import APIRouter
 
 from api.auth import PrincipalDep
 from api.deps import ServicesDep
+from api.responses import AUTHED, errors
 from api.schemas import ModelOut
 
-router = APIRouter(prefix="/models", tags=["models"])
+router = APIRouter(prefix="/models", tags=["models"], responses=errors(*AUTHED))
 
 
 @router.get("", response_model=list[ModelOut])

@@ -8,11 +8,12 @@ from pydantic import Field
 from api.admission import make_plan
 from api.auth import PrincipalDep
 from api.deps import ServicesDep, SessionDep
+from api.responses import AUTHED, errors
 from core.errors import Unavailable
 from core.planner import Plan
 from core.spec import JobSpec
 
-router = APIRouter(tags=["plan"])
+router = APIRouter(tags=["plan"], responses=errors(*AUTHED))
 
 
 class PlanRequest(JobSpec):
@@ -21,7 +22,7 @@ class PlanRequest(JobSpec):
     )
 
 
-@router.post("/plan", response_model=Plan)
+@router.post("/plan", response_model=Plan, responses=errors(400, 413, 503))
 def plan(request: PlanRequest, session: SessionDep, services: ServicesDep, principal: PrincipalDep) -> Plan:
     """Predicted peak memory per GPU, itemised; the verdict; and, if it does not fit, changes that do."""
     spec = JobSpec.model_validate(request.model_dump(exclude={"gpu"}))

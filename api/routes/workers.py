@@ -10,10 +10,11 @@ from pydantic import BaseModel
 
 from api.auth import AdminDep
 from api.deps import SessionDep
+from api.responses import AUTHED, errors
 from models import workers as workers_db
 from models.tables import utcnow
 
-router = APIRouter(prefix="/workers", tags=["workers"])
+router = APIRouter(prefix="/workers", tags=["workers"], responses=errors(*AUTHED, 403))
 
 
 class WorkerOut(BaseModel):

@@ -6,9 +6,12 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from core.settings import Settings
+from core.states import JobStatus
+from core.storage import new_id
 from models import jobs as jobs_db
 from models.db import session_scope
-from tests.api.conftest import ALPACA
+from models.tenants import revoke_key
+from tests.api.conftest import ALPACA, new_key
 
 
 def _job(client: TestClient, dataset_id: str) -> str:
@@ -17,46 +20,127 @@ def _job(client: TestClient, dataset_id: str) -> str:
     return str(r.json()["id"])
 
 
-def test_missing_or_wrong_key_is_401(app: FastAPI) -> None:
+def _operations(app: FastAPI, ids: dict[str, str]) -> list[tuple[str, str]]:
+    """Every (method, path) of the OpenAPI document, path parameters filled with real ids."""
+    ops = []
+    for path, item in app.openapi()["paths"].items():
+        for method in item:
+            ops.append((method, path.format(**ids)))
+    return ops
+
+
+PUBLIC = {"/health", "/ready"}
+
+
+def test_missing_or_wrong_key_is_401_on_every_route(
+    app: FastAPI, client: TestClient, dataset_id: str
+) -> None:
+    ids = {"job_id": _job(client, dataset_id), "dataset_id": dataset_id, "artifact_id": new_id()}
+    revoked = new_key(app, "acme")
+    assert client.get("/jobs", headers=revoked).status_code == 200
+    with session_scope(app.state.services.sessions) as s:
+        assert revoke_key(s, revoked["Authorization"].split("_")[1])  # by its id
+    wrong_secret = {"Authorization": revoked["Authorization"][:-4] + "AAAA"}
+    bad_headers: list[dict[str, str]] = [
+        {},
+        {"Authorization": "Bearer nope"},
+        {"Authorization": "Bearer ftk_000000000000_" + "x" * 32},  # well-formed, unknown
+        {"Authorization": "Basic abc"},
+        {"Authorization": "Bearer "},
+        {"Authorization": "bearer"},
+        wrong_secret,
+        revoked,
+    ]
+    ops = _operations(app, ids)
+    assert len(ops) >= 12
     with TestClient(app) as anonymous:
-        for method, path in [("get", "/jobs"), ("get", "/datasets"), ("post", "/jobs"), ("get", "/models")]:
-            r = getattr(anonymous, method)(path)
-            assert r.status_code == 401, path
-            assert r.json()["error"]["code"] == "unauthorized" and r.headers["WWW-Authenticate"] == "Bearer"
-        for bad in ["Bearer nope", "Bearer ftk_000000000000_" + "x" * 32, "Basic abc", "Bearer "]:
-            r = anonymous.get("/jobs", headers={"Authorization": bad})
-            assert r.status_code == 401, bad
+        for method, path in ops:
+            if path in PUBLIC:
+                continue
+            for headers in bad_headers:
+                r = anonymous.request(method, path, headers=headers)
+                assert r.status_code == 401, (method, path, headers, r.text)
+                assert r.json()["error"]["code"] == "unauthorized"
+                assert r.headers["WWW-Authenticate"] == "Bearer"
         assert anonymous.get("/health").status_code == 200  # liveness needs no key
+    # Nothing was done on the way: the job is untouched and no dataset was added.
+    assert client.get(f"/jobs/{ids['job_id']}").json()["status"] == "queued"
+    assert len(client.get("/datasets").json()["data"]) == 1
+
+
+def _succeeded_job(app: FastAPI, client: TestClient, dataset_id: str) -> str:
+    """A job as a worker leaves it: trained, with metrics, a checkpoint and a downloadable adapter."""
+    job_id = _job(client, dataset_id)
+    storage = app.state.services.storage
+    storage.job_dir(job_id).mkdir(parents=True)
+    storage.metrics_path(job_id).write_text('{"type": "step", "step": 1, "loss": 2.5}\n')
+    storage.adapter_archive(job_id).write_bytes(b"adapter bytes")
+    with session_scope(app.state.services.sessions) as s:
+        attempt = jobs_db.claim(s, job_id, "w", 60)
+        assert attempt is not None
+        jobs_db.add_artifact(s, new_id(), job_id, "checkpoint", "checkpoints/step-1", 1, "0" * 64, 1)
+        jobs_db.add_artifact(s, new_id(), job_id, "adapter", "adapter.tar.gz", 13, "1" * 64, 1)
+        assert jobs_db.finish(s, job_id, attempt, JobStatus.SUCCEEDED, "done")
+    return job_id
 
 
 def test_other_tenant_gets_404_for_everything(
     client: TestClient, other_client: TestClient, dataset_id: str, app: FastAPI
 ) -> None:
-    job_id = _job(client, dataset_id)
-    services = app.state.services
-    with session_scope(services.sessions) as s:  # make the adapter "ready" so only ownership can refuse
-        jobs_db.claim(s, job_id, "w", 60)
-    for path in [
-        f"/datasets/{dataset_id}",
-        f"/jobs/{job_id}",
-        f"/jobs/{job_id}/events",
-        f"/jobs/{job_id}/metrics",
-        f"/jobs/{job_id}/artifacts",
-        f"/jobs/{job_id}/adapter",
-    ]:
-        r = other_client.get(path)
-        assert r.status_code == 404, (path, r.text)
-        assert r.json()["error"]["code"] in ("job_not_found", "dataset_not_found")
-    r = other_client.post(f"/jobs/{job_id}/cancel")
-    assert r.status_code == 404
-    assert client.get(f"/jobs/{job_id}").json()["cancel_requested"] is False
-    # Lists hide them too, and another tenant cannot train on the dataset.
-    assert other_client.get("/jobs").json()["data"] == []
-    assert other_client.get("/datasets").json()["data"] == []
+    done = _succeeded_job(app, client, dataset_id)
+    queued = _job(client, dataset_id)
+    missing = new_id()
+    reads = {
+        "/datasets/{id}": dataset_id,
+        "/jobs/{id}": done,
+        "/jobs/{id}/events": done,
+        "/jobs/{id}/metrics": done,
+        "/jobs/{id}/artifacts": done,  # the checkpoints are artifacts
+        "/jobs/{id}/adapter": done,
+    }
+    for template, owned in reads.items():
+        mine = client.get(template.format(id=owned))
+        assert mine.status_code == 200, (template, mine.text)  # so only ownership can refuse below
+        theirs = other_client.get(template.format(id=owned))
+        absent = other_client.get(template.format(id=missing))
+        assert theirs.status_code == absent.status_code == 404, (template, theirs.text)
+        # Exactly like an id that does not exist: nothing tells the two apart.
+        assert theirs.json()["error"] == {
+            **absent.json()["error"],
+            "message": absent.json()["error"]["message"].replace(missing, owned),
+        }
+    assert len(client.get(f"/jobs/{done}/artifacts").json()) == 2
+    assert client.get(f"/jobs/{done}/adapter").content == b"adapter bytes"
+    # Cancelling: 404 for a queued job (left untouched) and for a finished one (not a telling 409).
+    for job_id in (queued, done):
+        r = other_client.post(f"/jobs/{job_id}/cancel")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "job_not_found"
+    job = client.get(f"/jobs/{queued}").json()
+    assert job["status"] == "queued" and job["cancel_requested"] is False
+    # Lists hide them, with any filter and page size.
+    for path in ["/jobs", "/jobs?status=queued", "/jobs?status=succeeded", "/datasets", "/jobs?limit=1"]:
+        assert other_client.get(path).json()["data"] == [], path
+    assert len(client.get("/jobs").json()["data"]) == 2
+    # Another tenant cannot train on the dataset, nor see it through the planner.
     r = other_client.post("/jobs", json={"base_model": "tiny", "dataset_id": dataset_id})
     assert r.status_code == 422 and r.json()["error"]["code"] == "dataset_not_found"
     r = other_client.post("/plan", json={"base_model": "tiny", "dataset_id": dataset_id, "gpu": "24GB"})
     assert r.status_code == 200  # planning reveals nothing: the dataset is simply not used
+
+
+def test_idempotency_keys_are_per_tenant(
+    client: TestClient, other_client: TestClient, dataset_id: str
+) -> None:
+    body = {"base_model": "tiny", "dataset_id": dataset_id}
+    key = {"Idempotency-Key": "shared-key"}
+    assert client.post("/jobs", json=body, headers=key).status_code == 202
+    r = other_client.post("/jobs", json=body, headers=key)  # must not replay the first tenant's job
+    assert r.status_code == 422 and r.json()["error"]["code"] == "dataset_not_found"
+    r = other_client.post("/datasets", files={"file": ("a.jsonl", ALPACA)}, headers=key)
+    assert (
+        r.status_code == 201
+        and r.json()["tenant_id"] != client.get("/datasets").json()["data"][0]["tenant_id"]
+    )
 
 
 def test_admin_sees_every_tenant(client: TestClient, admin_client: TestClient, dataset_id: str) -> None:
@@ -109,3 +193,24 @@ def test_auth_off_is_explicit_dev_mode(settings: Settings) -> None:
     with TestClient(app) as anonymous:
         assert anonymous.get("/workers").status_code == 200  # everyone is the local admin
     app.state.services.engine.dispose()
+
+
+def test_cli_creates_and_revokes_keys(app: FastAPI, settings: Settings) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTUNE_")}
+    env |= {"FTUNE_DATABASE_URL": settings.resolved_database_url, "FTUNE_DATA_DIR": str(settings.data_dir)}
+
+    def ftune(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cli", *args], env=env, capture_output=True, text=True)
+
+    out = ftune("keys", "create", "--tenant", "initech")
+    assert out.returncode == 0, out.stderr
+    key = out.stdout.split()[-1]
+    with TestClient(app, headers={"Authorization": f"Bearer {key}"}) as c:
+        assert c.get("/jobs").status_code == 200
+        assert ftune("keys", "revoke", key).returncode == 0
+        assert c.get("/jobs").status_code == 401
+    assert ftune("keys", "revoke", "ftk_000000000000_" + "x" * 32).returncode == 1

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
+from api.upload import FileSink
+from core.errors import PayloadTooLarge
 from core.settings import Settings
 from tests.api.conftest import ALPACA, jsonl
 
@@ -65,3 +69,40 @@ def test_list_paginates(client: TestClient) -> None:
     second = client.get(f"/datasets?limit=2&after={first['next_cursor']}").json()
     assert not second["has_more"]
     assert {d["id"] for d in first["data"] + second["data"]} == ids
+
+
+def test_file_sink_never_writes_past_the_limit(tmp_path: Path) -> None:
+    fed: list[bytes] = []
+    sink = FileSink(tmp_path / "f", fed.append, max_bytes=10)
+    sink.write(b"12345678")
+    with pytest.raises(PayloadTooLarge):
+        sink.write(b"abc")  # would make 11 bytes: refused whole, before it reaches the disk
+    sink.close()
+    assert (tmp_path / "f").read_bytes() == b"12345678" and fed == [b"12345678"]
+
+
+def _chunked(*parts: bytes) -> Iterator[bytes]:
+    yield from parts  # a generator body is sent chunked, with no Content-Length to refuse up front
+
+
+def test_many_form_fields_cannot_grow_memory(client: TestClient, settings: Settings) -> None:
+    boundary = "b0undary"
+    field = b"x" * 1000
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="f{i}"\r\n\r\n'.encode() + field + b"\r\n"
+        for i in range(200)  # ~200 KB of fields, each well under any per-field limit
+    ]
+    r = client.post(
+        "/datasets",
+        content=_chunked(*parts, f"--{boundary}--\r\n".encode()),
+        headers={"content-type": f"multipart/form-data; boundary={boundary}"},
+    )
+    assert r.status_code == 413 and r.json()["error"]["details"] == {"max_form_bytes": 64 * 1024}
+    huge_header = f"--{boundary}\r\nX-Padding: ".encode() + b"y" * 100_000
+    r = client.post(
+        "/datasets",
+        content=_chunked(huge_header, b"\r\n\r\n"),
+        headers={"content-type": f"multipart/form-data; boundary={boundary}"},
+    )
+    assert r.status_code in (413, 422), r.text  # python-multipart bounds a part's header itself
+    assert list((settings.data_dir / "tmp").iterdir()) == []

@@ -63,10 +63,10 @@ def test_total_steps() -> None:
 
 
 def test_schedules() -> None:
-    lin = spec(learning_rate=1.0, warmup_steps=2, lr_scheduler="linear")
-    assert [lr_at(lin, s, 6) for s in range(6)] == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5, 0.25])
-    cos = spec(learning_rate=1.0, lr_scheduler="cosine")
-    assert lr_at(cos, 0, 4) == pytest.approx(1.0) and lr_at(cos, 2, 4) == pytest.approx(0.5)
+    lin = spec(learning_rate=0.1, warmup_steps=2, lr_scheduler="linear")
+    assert [lr_at(lin, s, 6) for s in range(6)] == pytest.approx([0.05, 0.1, 0.1, 0.075, 0.05, 0.025])
+    cos = spec(learning_rate=0.1, lr_scheduler="cosine")
+    assert lr_at(cos, 0, 4) == pytest.approx(0.1) and lr_at(cos, 2, 4) == pytest.approx(0.05)
     assert lr_at(spec(learning_rate=0.1, lr_scheduler="constant"), 5, 6) == pytest.approx(0.1)
 
 
