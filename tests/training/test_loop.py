@@ -71,6 +71,6 @@ def test_schedules() -> None:
 
 
 def test_warmup_ratio_is_a_share_of_the_total_steps() -> None:
-    ratio = spec(learning_rate=1.0, warmup_ratio=0.25, warmup_steps=99, lr_scheduler="linear")
+    ratio = spec(learning_rate=0.1, warmup_ratio=0.25, warmup_steps=99, lr_scheduler="linear")
     # 8 steps: 2 warmup steps (the ratio overrides warmup_steps), then linear decay over 6.
-    assert [lr_at(ratio, s, 8) for s in range(4)] == pytest.approx([0.5, 1.0, 1.0, 5 / 6])
+    assert [lr_at(ratio, s, 8) for s in range(4)] == pytest.approx([0.05, 0.1, 0.1, 0.5 / 6])
