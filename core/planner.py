@@ -36,6 +36,7 @@ from core.memory import (
     layer_saved_bytes_per_token,
     logits_bytes_per_token,
     nf4_bytes,
+    unpack_excess_bytes,
 )
 from core.spec import JobSpec
 
@@ -399,6 +400,18 @@ def _estimate(
             note="grads in flight through one block: hidden + 2 x intermediate per token",
         )
     )
+    if dequant_kept:
+        layer_phase.append(
+            Term(
+                name="GPTQ unpacking buffer",
+                bytes=unpack_excess_bytes(arch, e, tokens),
+                note=(
+                    f"largest block linear ({arch.largest_linear_numel:,} weights) unpacked by torch ops: an "
+                    "int32 value per weight and its int8 copy (5 B), 3 B beyond the half copy counted above; "
+                    "counted beyond the intermediate-sized gradients it never coexists with"
+                ),
+            )
+        )
     if method == "qlora" and not dequant_kept:
         layer_phase.append(
             Term(

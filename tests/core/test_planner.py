@@ -326,6 +326,9 @@ def test_gptq_dequantized_weights_are_kept_by_the_recomputed_layer() -> None:
     assert recomputed.bytes > layer_weights and "dequantized" in recomputed.note  # the peak here
     assert gptq.total_bytes > bnb.total_bytes
     assert not any(t.name == "QLoRA dequantization buffer" for t in gptq.breakdown)
+    unpack = next(t for t in gptq.breakdown if t.name == "GPTQ unpacking buffer")
+    tokens = job.micro_batch_size * job.max_seq_len
+    assert unpack.bytes == 3 * arch.largest_linear_numel - 2 * 2 * arch.intermediate_size * tokens
     off = estimate(
         spec(method="qlora", max_seq_len=256, gradient_checkpointing=False),
         arch,
