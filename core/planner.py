@@ -541,9 +541,9 @@ def _estimate(
     # (logits, their fp32 copy, log-probs, their gradients: the largest single tensors of a step, one per
     # buffer, hundreds of MiB to GiBs) of a batch shorter than the longest cannot hold the longest batch's,
     # so the longest batch maps new segments beside them: max_memory_reserved exceeds the padded plan by
-    # about one earlier batch's loss buffers (counted at this plan's size: with truncation at max_seq_len,
-    # the earlier long batches are near it). Smaller tensors (per-layer activations) are served from split
-    # cached blocks. Capped by the device: a failed cudaMalloc frees the cached blocks and retries, so this
+    # about one earlier batch's loss buffers (counted at this plan's size, an assumption: the earlier
+    # batch's length is not known; it holds when many batches are near the longest). Smaller tensors
+    # (per-layer activations) are served from split cached blocks. Capped by the device: a failed cudaMalloc frees the cached blocks and retries, so this
     # never causes an OOM and stays out of total_bytes and the verdict.
     room = max(0, gpu.memory_bytes - total)  # reserved never exceeds the device
     loss_segments = min(loss_segments, room)
