@@ -543,8 +543,9 @@ def _estimate(
     # so the longest batch maps new segments beside them: max_memory_reserved exceeds the padded plan by
     # about one earlier batch's loss buffers (counted at this plan's size, an assumption: the earlier
     # batch's length is not known; it holds when many batches are near the longest). Smaller tensors
-    # (per-layer activations) are served from split cached blocks. Capped by the device: a failed cudaMalloc frees the cached blocks and retries, so this
-    # never causes an OOM and stays out of total_bytes and the verdict.
+    # (per-layer activations) are served from split cached blocks. Capped by the device: a failed
+    # cudaMalloc frees the cached blocks and retries, so this never causes an OOM and stays out of
+    # total_bytes and the verdict.
     room = max(0, gpu.memory_bytes - total)  # reserved never exceeds the device
     loss_segments = min(loss_segments, room)
     varlen_cache = 0 if cpu else min(loss_bytes, room - loss_segments)
