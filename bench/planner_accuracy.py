@@ -4,9 +4,9 @@ Cases (bench/planner_cases.json) are measured peaks from public sources, each wi
 architectures come from config dicts written by hand from the models' public config.json. The
 planner is run unchanged (no per-row fitting); a case states only what its source's framework did
 (`runtime`: core.planner.Runtime fields, e.g. peft's fp32 upcast for QLoRA) and what its number measures
-(`measures`: device | reserved | allocated), each with the evidence or assumption in its `note`.
-Prints prediction vs measurement per case, the error,
-the median absolute error, and how long a plan with suggestions takes.
+(`measures`: capacity | device | reserved | allocated, see predicted_bytes; `lengths`: padded | variable,
+the batches it measured over), each with the evidence or assumption in its `note`. Prints prediction vs
+measurement per case, the error, the median absolute error, and how long a plan with suggestions takes.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def run(verbose: bool = False) -> float:
         )
         runtime = Runtime(**case.get("runtime", {}))
         plan = estimate(spec, archs[case["model"]], resolve_gpu(case["gpu"]), suggest=False, runtime=runtime)
-        pred = predicted_bytes(plan, case.get("measures", "device")) / GiB
+        pred = predicted_bytes(plan, case.get("measures", "device"), case.get("lengths", "padded")) / GiB
         err = 100 * (pred - case["measured_gib"]) / case["measured_gib"]
         errors.append(err)
         by_source.setdefault(case["id"].split("/")[0], []).append(abs(err))
@@ -71,14 +71,21 @@ def run(verbose: bool = False) -> float:
     return med
 
 
-def predicted_bytes(plan, measures: str) -> int:
-    """The part of the plan a source's number measures: "device" (nvidia-smi, or the GPU size a run just
-    fit in) is the whole plan; "reserved" (torch.cuda.max_memory_reserved) leaves out the CUDA context,
-    which lives outside torch's allocator; "allocated" (max_memory_allocated) also the allocator's margin."""
+def predicted_bytes(plan, measures: str, lengths: str = "padded") -> int:
+    """The part of the plan a source's number measures. "capacity" (the GPU size a run just fit in) is the
+    whole plan: cached free blocks are released and the allocation retried before an OOM, so they do not
+    count. "device" (nvidia-smi) adds the cached blocks a run keeps reserved: the loss buffers' segments
+    (Plan.loss_segments_bytes) and, over batches of varying length ("lengths": "variable"), the blocks left
+    by earlier, shorter batches (Plan.varlen_cache_bytes). "reserved" (torch.cuda.max_memory_reserved) is
+    that without the CUDA context, which lives outside torch's allocator. "allocated"
+    (max_memory_allocated) is the plan without context and allocator margin."""
     if measures == "allocated":
         return plan.allocated_bytes
+    if measures == "capacity":
+        return plan.total_bytes
+    cached = plan.loss_segments_bytes + (plan.varlen_cache_bytes if lengths == "variable" else 0)
     context = sum(t.bytes for t in plan.breakdown if t.name == "CUDA context")
-    return plan.total_bytes - (context if measures == "reserved" else 0)
+    return plan.total_bytes + cached - (context if measures == "reserved" else 0)
 
 
 def _timing(arch) -> None:

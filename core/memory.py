@@ -144,6 +144,16 @@ def dequant_excess_bytes(arch: Architecture, compute_bytes: int, tokens: int) ->
     return max(0, arch.largest_linear_numel * compute_bytes - compute_bytes * arch.intermediate_size * tokens)
 
 
+def unpack_excess_bytes(arch: Architecture, compute_bytes: int, tokens: int) -> int:
+    """auto-gptq's torch dequantization (the path training takes) shifts the packed int32 words into an
+    int32 tensor of one value per weight, copies it to int8, then scales into the half-precision weight:
+    5 B per weight at the worst moment, 3 B beyond the half copy the matmul then keeps. Counted for the
+    largest block linear, beyond the intermediate-sized gradients it never coexists with (it runs in the
+    recomputed forward, before the block's backward)."""
+    unpack = 3 * arch.largest_linear_numel
+    return max(0, unpack - compute_bytes * 2 * arch.intermediate_size * tokens)
+
+
 def logits_bytes_per_token(arch: Architecture, compute_bytes: int, loss_fp32: bool = True) -> int:
     """The causal-LM loss head, per token: bytes per vocab entry x vocab.
 

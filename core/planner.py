@@ -12,6 +12,10 @@ allocated_bytes (the peak without the last two) is what a run measures: max_memo
 live tensor bytes on a CPU (tests/training/test_planner_vs_measured.py holds it within 15% there).
 A phase that is not the peak is listed with 0 bytes and its size in the note, so terms sum to total.
 What a training framework keeps beyond the JobSpec (ftune's engine by default) is a Runtime.
+Cached blocks the allocator keeps reserved but would free (and retry) before an OOM are reported beside
+the total, not in it, for comparing with nvidia-smi or max_memory_reserved: loss_segments_bytes (the
+half-precision logits' segments an fp32 loss's gradients cannot reuse) and varlen_cache_bytes (an earlier,
+shorter batch's loss buffers on data of varying lengths).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from core.memory import (
     layer_saved_bytes_per_token,
     logits_bytes_per_token,
     nf4_bytes,
+    unpack_excess_bytes,
 )
 from core.spec import JobSpec
 
@@ -64,6 +69,10 @@ class Plan(BaseModel):
     breakdown: list[Term]
     allocated_bytes: int  # total minus CUDA context and fragmentation: compare with max_memory_allocated
     total_bytes: int
+    # Not in total_bytes (cached blocks the allocator frees and retries with before an OOM, so they never
+    # decide a fit) but in what nvidia-smi or torch.cuda.max_memory_reserved show (see _estimate):
+    loss_segments_bytes: int = 0  # half-precision logits segments the fp32 loss gradients cannot reuse
+    varlen_cache_bytes: int = 0  # blocks kept from earlier, shorter batches on data of varying lengths
     usable_bytes: int
     fits: bool
     headroom_bytes: int
@@ -112,6 +121,20 @@ class Runtime:
     # Gradient buckets a framework keeps on the GPU through backward, e.g. DeepSpeed ZeRO-2 with
     # contiguous_gradients + overlap_comm: two reduce buckets of reduce_bucket_size half-precision values.
     grad_bucket_bytes: int = 0
+    # The whole model, adapters included, cast to half precision and run without autocast, the optimizer
+    # keeping fp32 master copies: DeepSpeed's fp16/bf16 engine (engine.module.half(); ZeRO-1/2 keep an fp32
+    # partition of the trainable params, Adam m and v in fp32 and a contiguous half-precision gradient
+    # partition; the step flattens the half gradients and casts them to fp32: 2 + 4 B/param transient).
+    half_model_master: bool = False
+    # 4-bit linears dequantized with plain torch ops inside forward, the half-precision weight then fed to
+    # torch.matmul, which saves it for the input gradient: auto-gptq's trainable QuantLinear (cuda-old path,
+    # used by transformers' GPTQ loading for training). A recomputed layer (or, without checkpointing, every
+    # layer) keeps all its linears' dequantized weights until its backward. bitsandbytes' MatMul4Bit saves
+    # only the packed weight and dequantizes again in backward (False).
+    dequant_saved: bool = False
+    # The model's loss copies the shifted logits (logits[..., :-1, :].contiguous(): GPT-2-derived remote code
+    # such as Qwen-1, transformers before 4.46) before the cross-entropy: one more logits-sized segment.
+    loss_shift_copy: bool = False
 
 
 FTUNE = Runtime()
@@ -142,9 +165,12 @@ def _estimate(
     cpu = gpu.kind == "cpu"
     # the engine loads QLoRA's unquantized layers (and dequantizes) in its device dtype (training.model)
     store = ("float32" if cpu else "bfloat16") if method == "qlora" else storage_dtype(spec, arch)
-    sb = DTYPE_BYTES[store]
     cdt = compute_dtype(spec, arch, gpu)
-    autocast = spec.mixed_precision != "no" and cdt != "float32"
+    half_model = runtime.half_model_master and cdt != "float32"
+    if half_model:
+        store = cdt  # the framework casts the whole model to its half dtype and runs it without autocast
+    sb = DTYPE_BYTES[store]
+    autocast = spec.mixed_precision != "no" and cdt != "float32" and not half_model
     ce = DTYPE_BYTES[cdt]  # what autocast casts to
     e = ce if autocast else sb
     lora_b = 0
@@ -152,6 +178,8 @@ def _estimate(
         # on a CPU the engine loads QLoRA in fp32 and bitsandbytes computes in fp32: the activations stay
         # fp32; autocast only casts the LoRA branch
         e, lora_b = 4, (ce if autocast else 0)
+    if half_model:
+        lora_b = e  # the adapters are half precision too: lora_A reads (and saves) a half-precision input
     full = method == "full"
     lora = () if full else tuple(arch.lora_targets(spec.lora_target_modules))
     total_params = arch.total_params
@@ -204,17 +232,23 @@ def _estimate(
         master = 4 if (spec.master_weights and sb < 4) else 0
         state_elem = 4 if (master or sb == 4) else sb
     else:
+        adapter_b = sb if half_model else 4
         persistent.append(
             Term(
                 name="LoRA adapters",
-                bytes=trainable * 4 // n,
+                bytes=trainable * adapter_b // n,
                 note=(
-                    f"{trainable:,} params (r={spec.lora_r}, {len(lora)} module kinds) in fp32 (peft keeps "
-                    f"adapters in fp32){shard}"
+                    f"{trainable:,} params (r={spec.lora_r}, {len(lora)} module kinds) in "
+                    + (
+                        f"{store} (the framework casts the whole model)"
+                        if half_model
+                        else "fp32 (peft keeps adapters in fp32)"
+                    )
+                    + shard
                 ),
             )
         )
-        grad_b, master, state_elem = 4, 0, 4
+        grad_b, master, state_elem = adapter_b, (4 if half_model else 0), 4
     persistent.append(
         Term(
             name="gradients",
@@ -222,7 +256,7 @@ def _estimate(
             note=(f"{trainable:,} x {grad_b} B, kept whole through accumulation{shard}"),
         )
     )
-    if full:
+    if full or master:
         persistent.append(
             Term(
                 name="master weights",
@@ -296,16 +330,22 @@ def _estimate(
     # the input gradient. Block linears: every layer's without checkpointing, one layer's with it.
     frozen_cast = autocast and ce < 4 and not full
     block_copy = 0
+    copy_why = ""
     if frozen_cast and method == "lora" and sb == 4:
         block_copy = sum(m.weight_numel for m in arch.block_linears) * ce
-        if not spec.gradient_checkpointing:
-            fwd.append(
-                Term(
-                    name="autocast copies of frozen weights",
-                    bytes=arch.num_layers * block_copy,
-                    note=f"every block linear's fp32 weight cast to {cdt} by autocast, kept by its matmul",
-                )
+        copy_why = f"fp32 weight cast to {cdt} by autocast"
+    dequant_kept = method == "qlora" and runtime.dequant_saved
+    if dequant_kept:
+        block_copy = sum(m.weight_numel for m in arch.block_linears) * e
+        copy_why = f"4-bit weight dequantized to {cdt if autocast else store} by torch ops (auto-gptq)"
+    if block_copy and not spec.gradient_checkpointing:
+        fwd.append(
+            Term(
+                name="frozen weight copies kept by matmuls",
+                bytes=arch.num_layers * block_copy,
+                note=f"every block linear's {copy_why}, saved by its matmul for the input gradient",
             )
+        )
     if runtime.grad_bucket_bytes:
         fwd.append(
             Term(
@@ -329,10 +369,11 @@ def _estimate(
                 ),
             )
         )
+    loss_bytes = tokens * logits_bytes_per_token(arch, e, runtime.loss_fp32)
     loss_phase += [
         Term(
             name="logits and loss",
-            bytes=tokens * logits_bytes_per_token(arch, e, runtime.loss_fp32),
+            bytes=loss_bytes,
             note=(
                 f"{tokens} tokens x vocab {arch.vocab_size:,} x "
                 f"{logits_bytes_per_token(arch, e, runtime.loss_fp32) // arch.vocab_size} B: forward keeps "
@@ -349,7 +390,7 @@ def _estimate(
                 name="recomputed layer",
                 bytes=layer_bytes + block_copy,
                 note="backward re-runs one checkpointed layer's forward and holds what it saves"
-                + (f" (+ its linears' {cdt} weight copies)" if block_copy else ""),
+                + (f" (+ its linears' weight copies: {copy_why}, kept by the matmuls)" if block_copy else ""),
             )
         )
     layer_phase.append(
@@ -359,7 +400,19 @@ def _estimate(
             note="grads in flight through one block: hidden + 2 x intermediate per token",
         )
     )
-    if method == "qlora":
+    if dequant_kept:
+        layer_phase.append(
+            Term(
+                name="GPTQ unpacking buffer",
+                bytes=unpack_excess_bytes(arch, e, tokens),
+                note=(
+                    f"largest block linear ({arch.largest_linear_numel:,} weights) unpacked by torch ops: an "
+                    "int32 value per weight and its int8 copy (5 B), 3 B beyond the half copy counted above; "
+                    "counted beyond the intermediate-sized gradients it never coexists with"
+                ),
+            )
+        )
+    if method == "qlora" and not dequant_kept:
         layer_phase.append(
             Term(
                 name="QLoRA dequantization buffer",
@@ -417,7 +470,18 @@ def _estimate(
                 ),
             )
         )
-    if spec.optimizer == "adamw":
+    if half_model:
+        step.append(
+            Term(
+                name="fp32 gradient copy for the step",
+                bytes=trainable * (grad_b + 4) // n,
+                note=(
+                    "the engine flattens the half-precision gradient partition and casts it to fp32 for "
+                    f"its fused Adam (no further temporaries): {grad_b} + 4 B/param{shard}"
+                ),
+            )
+        )
+    elif spec.optimizer == "adamw":
         largest = max((spec.lora_r * max(m.in_features, m.out_features) for m, _ in lora), default=0)
         step.append(
             Term(
@@ -462,6 +526,29 @@ def _estimate(
     ]
     breakdown = persistent + fwd + step + tail
     total = sum(t.bytes for t in breakdown)
+    # Reserved beyond allocated with fixed shapes too. Each vocab-sized buffer is a cudaMalloc segment of
+    # its own (nothing cached is that large when it is first made) and freed blocks merge only inside their
+    # segment. An fp32 loss over half-precision logits makes, in forward, the logits (e B per vocab entry),
+    # [their shifted contiguous copy (e)], the fp32 copy (4) and the log-probs (4); in backward, with the
+    # log-probs still held, two 4 B gradients: one reuses the fp32 copy's segment, the other fits in no
+    # e-byte segment and maps a new one. From the next step on the same segments serve every step, so
+    # reserved stays above allocated by the logits' (and the shifted copy's) segments. Not with a loss in
+    # the logits' dtype (every buffer the same size) nor fp32 logits.
+    shifted = 2 if runtime.loss_shift_copy else 1
+    loss_segments = shifted * tokens * arch.vocab_size * e if not cpu and runtime.loss_fp32 and e < 4 else 0
+    # Reserved (not allocated) memory on data whose lengths vary from batch to batch. The caching allocator
+    # keeps freed blocks and only merges free neighbours inside one segment. The vocab-sized loss buffers
+    # (logits, their fp32 copy, log-probs, their gradients: the largest single tensors of a step, one per
+    # buffer, hundreds of MiB to GiBs) of a batch shorter than the longest cannot hold the longest batch's,
+    # so the longest batch maps new segments beside them: max_memory_reserved exceeds the padded plan by
+    # about one earlier batch's loss buffers (counted at this plan's size, an assumption: the earlier
+    # batch's length is not known; it holds when many batches are near the longest). Smaller tensors
+    # (per-layer activations) are served from split cached blocks. Capped by the device: a failed
+    # cudaMalloc frees the cached blocks and retries, so this never causes an OOM and stays out of
+    # total_bytes and the verdict.
+    room = max(0, gpu.memory_bytes - total)  # reserved never exceeds the device
+    loss_segments = min(loss_segments, room)
+    varlen_cache = 0 if cpu else min(loss_bytes, room - loss_segments)
     usable = gpu.usable_bytes
     seconds, speed_note = _speed(spec, arch, gpu, trainable, tokens_per_epoch)
     return Plan(
@@ -473,6 +560,8 @@ def _estimate(
         breakdown=breakdown,
         allocated_bytes=used,
         total_bytes=total,
+        loss_segments_bytes=loss_segments,
+        varlen_cache_bytes=varlen_cache,
         usable_bytes=usable,
         fits=total <= usable,
         headroom_bytes=usable - total,

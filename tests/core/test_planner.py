@@ -299,3 +299,65 @@ def test_kbit_upcast_keeps_unquantized_weights_in_fp32() -> None:
     assert term(upcast, "lm_head compute-dtype copy") == arch.vocab_size * arch.hidden_size * 2
     assert term(upcast, "activations") > term(plain, "activations")  # fp32 residual stream
     assert upcast.total_bytes > plain.total_bytes
+
+
+def test_half_model_with_master_weights_is_deepspeeds_16_bytes_per_lora_param() -> None:
+    arch, gpu = from_config(LLAMA3_8B), resolve_gpu("A100-80GB")
+    job = spec(method="qlora", max_seq_len=512)
+    plain = estimate(job, arch, gpu, suggest=False)
+    ds = estimate(job, arch, gpu, suggest=False, runtime=Runtime(half_model_master=True))
+    p = ds.trainable_params
+    state = ("LoRA adapters", "gradients", "master weights", "optimizer states")
+    assert [term(ds, n) for n in state] == [2 * p, 2 * p, 4 * p, 8 * p]
+    assert term(plain, "autocast weight copies") == 2 * p  # no autocast in a half-precision model
+    assert not any(t.name == "autocast weight copies" for t in ds.breakdown)
+    step = next(t for t in ds.breakdown if t.name == "fp32 gradient copy for the step")
+    assert step.bytes in (0, 6 * p) and "2 + 4 B/param" in step.note
+    assert sum(t.bytes for t in ds.breakdown) == ds.total_bytes
+
+
+def test_gptq_dequantized_weights_are_kept_by_the_recomputed_layer() -> None:
+    arch, gpu = from_config(LLAMA2_7B), resolve_gpu("A100-80GB")  # small vocab: the layer is the peak
+    job = spec(method="qlora", max_seq_len=256)
+    bnb = estimate(job, arch, gpu, suggest=False)
+    gptq = estimate(job, arch, gpu, suggest=False, runtime=Runtime(dequant_saved=True))
+    layer_weights = sum(m.weight_numel for m in arch.block_linears) * 2
+    recomputed = next(t for t in gptq.breakdown if t.name == "recomputed layer")
+    assert recomputed.bytes > layer_weights and "dequantized" in recomputed.note  # the peak here
+    assert gptq.total_bytes > bnb.total_bytes
+    assert not any(t.name == "QLoRA dequantization buffer" for t in gptq.breakdown)
+    unpack = next(t for t in gptq.breakdown if t.name == "GPTQ unpacking buffer")
+    tokens = job.micro_batch_size * job.max_seq_len
+    assert unpack.bytes == 3 * arch.largest_linear_numel - 2 * 2 * arch.intermediate_size * tokens
+    off = estimate(
+        spec(method="qlora", max_seq_len=256, gradient_checkpointing=False),
+        arch,
+        gpu,
+        suggest=False,
+        runtime=Runtime(dequant_saved=True),
+    )
+    assert term(off, "frozen weight copies kept by matmuls") == arch.num_layers * layer_weights
+
+
+def test_cached_loss_segments_and_varlen_blocks_stay_out_of_the_total() -> None:
+    arch, gpu = from_config(LLAMA3_8B), resolve_gpu("A100-80GB")
+    job = spec(method="lora", max_seq_len=1024, micro_batch_size=2)
+    tokens = 2 * 1024
+    plan = estimate(job, arch, gpu, suggest=False)
+    shifted = estimate(job, arch, gpu, suggest=False, runtime=Runtime(loss_shift_copy=True))
+    assert plan.loss_segments_bytes == tokens * arch.vocab_size * 2  # the bf16 logits' segment
+    assert shifted.loss_segments_bytes == 2 * plan.loss_segments_bytes  # + the shifted copy's
+    assert plan.varlen_cache_bytes == tokens * logits_bytes_per_token(arch, 2)
+    assert shifted.total_bytes == plan.total_bytes == sum(t.bytes for t in plan.breakdown)
+    half_loss = estimate(job, arch, gpu, suggest=False, runtime=Runtime(loss_fp32=False))
+    assert half_loss.loss_segments_bytes == 0  # every loss buffer the logits' size: segments reused
+    big_job = spec(method="lora", max_seq_len=2048, micro_batch_size=12, gradient_checkpointing=True)
+    big = estimate(big_job, arch, gpu, suggest=False)
+    assert (
+        big.total_bytes < gpu.memory_bytes < big.total_bytes + 2 * 12 * 2048 * logits_bytes_per_token(arch, 2)
+    )
+    assert big.total_bytes + big.loss_segments_bytes + big.varlen_cache_bytes == gpu.memory_bytes
+    from core.feasibility import device_gpu, plan_on
+
+    cpu = plan_on(job, arch, device_gpu({"kind": "cpu", "name": "cpu", "memory_bytes": 64 * GiB}))
+    assert cpu.loss_segments_bytes == cpu.varlen_cache_bytes == 0  # no caching allocator on a CPU
