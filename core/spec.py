@@ -31,6 +31,7 @@ Scheduler = Literal["constant", "linear", "cosine"]
 TorchDtype = Literal["auto", "float32", "bfloat16", "float16"]
 MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
 AttnImpl = Literal["sdpa", "eager", "flash_attention_2"]
+OverLength = Literal["truncate", "drop"]
 
 
 class JobSpec(BaseModel):
@@ -52,6 +53,14 @@ class JobSpec(BaseModel):
     micro_batch_size: int = Field(4, ge=1, le=512)
     gradient_accumulation_steps: int = Field(1, ge=1, le=1024)
     max_seq_len: int = Field(512, ge=8, le=131_072)
+    over_length: OverLength = Field(
+        "truncate", description="Examples longer than max_seq_len: truncate them, or drop them."
+    )
+    packing: bool = Field(
+        True,
+        description="Pack examples into padding-free micro-batches of up to micro_batch_size * max_seq_len "
+        "tokens, attention per example; false: padded, length-grouped micro-batches of micro_batch_size.",
+    )
 
     learning_rate: float = Field(2e-4, gt=0, le=0.1)
     lr_scheduler: Scheduler = "linear"

@@ -9,7 +9,7 @@ rendering and each token belongs to one message.
 
 from __future__ import annotations
 
-import math
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +38,8 @@ class Tokenized:
         return sum(1 for x in self.labels[1:] if x != IGNORE)
 
 
-def tokenize_example(example: Example, tokenizer, max_seq_len: int) -> Tokenized:
-    """Token ids and labels of one example, truncated to max_seq_len."""
+def tokenize_example(example: Example, tokenizer, max_seq_len: int | None) -> Tokenized:
+    """Token ids and labels of one example, truncated to max_seq_len (None: not truncated)."""
     if example.format in ("chat", "instruction"):
         pieces = render_chat_pieces(example.messages, tokenizer)
     else:
@@ -108,22 +108,63 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 
 def load_dataset(
-    path: Path, tokenizer, max_seq_len: int, column_mapping: dict[str, str] | None = None
+    path: Path,
+    tokenizer,
+    max_seq_len: int,
+    column_mapping: dict[str, str] | None = None,
+    over_length: str = "truncate",
 ) -> tuple[list[Tokenized], int]:
     """Tokenize a validated JSONL file (read with the column mapping it was uploaded with). Returns the
-    trainable examples and how many were dropped because nothing was left to train on (e.g. the
-    reply was truncated away)."""
+    trainable examples and how many were dropped (see fit_to_length)."""
+    return fit_to_length(tokenize_file(path, tokenizer, column_mapping), max_seq_len, over_length)
+
+
+def tokenize_file(path: Path, tokenizer, column_mapping: dict[str, str] | None = None) -> list[Tokenized]:
+    """Every example of a validated JSONL file, whole (not truncated)."""
     try:
-        examples = read_examples(path, column_mapping)
-        items = [tokenize_example(e, tokenizer, max_seq_len) for e in examples]
+        return [tokenize_example(e, tokenizer, None) for e in read_examples(path, column_mapping)]
     except (ValueError, KeyError, TypeError) as e:
         if isinstance(e, DatasetError):
             raise
         raise DatasetError(f"cannot read dataset: {e}") from e
-    kept = [t for t in items if t.num_targets > 0]
+
+
+def fit_to_length(
+    items: Sequence[Tokenized], max_seq_len: int, over_length: str
+) -> tuple[list[Tokenized], int]:
+    """Truncate (or, over_length="drop", drop) examples longer than max_seq_len, then drop those left
+    with nothing to train on (e.g. the reply was truncated away). Returns (kept, dropped)."""
+    if over_length == "drop":
+        fitting = [t for t in items if len(t.input_ids) <= max_seq_len]
+    else:
+        fitting = [Tokenized(t.input_ids[:max_seq_len], t.labels[:max_seq_len]) for t in items]
+    kept = [t for t in fitting if t.num_targets > 0]
     if not kept:
-        raise DatasetError("no example has tokens to train on (is max_seq_len too short?)")
+        raise DatasetError(
+            f"no example has tokens to train on within max_seq_len {max_seq_len} "
+            f"(over_length={over_length!r}; is max_seq_len too short?)"
+        )
     return kept, len(items) - len(kept)
+
+
+def token_stats(lengths: Sequence[int], max_seq_len: int, over_length: str) -> dict[str, int | str]:
+    """Tokens per example against this model's tokenizer, before truncation, and how many examples
+    exceed max_seq_len (they are truncated or dropped, as over_length says)."""
+    ordered = sorted(lengths)
+    if not ordered:
+        return {"count": 0}
+
+    def pct(q: float) -> int:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {
+        "count": len(ordered),
+        "p50": pct(0.5),
+        "p95": pct(0.95),
+        "max": ordered[-1],
+        "over_max_seq_len": len(ordered) - bisect_right(ordered, max_seq_len),
+        "over_length": over_length,
+    }
 
 
 def epoch_batches(lengths: Sequence[int], micro_batch_size: int, seed: int, epoch: int) -> list[list[int]]:
@@ -142,10 +183,6 @@ def epoch_batches(lengths: Sequence[int], micro_batch_size: int, seed: int, epoc
         chunk_batches = [chunk[j : j + micro_batch_size] for j in range(0, len(chunk), micro_batch_size)]
         batches.extend(chunk_batches[k] for k in rng.permutation(len(chunk_batches)).tolist())
     return batches
-
-
-def batches_per_epoch(num_examples: int, micro_batch_size: int) -> int:
-    return math.ceil(num_examples / micro_batch_size)
 
 
 def collate(items: Iterable[Tokenized], pad_id: int) -> dict[str, torch.Tensor]:

@@ -10,6 +10,9 @@ the same examples a single process would take with that accumulation; each rank 
 divides by the target tokens of the whole step, and the ranks' gradients are summed. So the global batch,
 the loss and the update do not depend on how many processes share the step, and a checkpoint resumes on
 any number of them. Dropout is seeded per micro-batch for the same reason.
+
+The micro-batches of an epoch are a pure function of (spec, lengths, epoch): packed (training.packing)
+or padded and length-grouped (training.data), so a Position alone says where to resume.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import torch.nn.functional as F
 
 from core.spec import JobSpec
 from training import distributed
-from training.data import IGNORE, Tokenized, batches_per_epoch, collate, epoch_batches
+from training.data import IGNORE, Tokenized, collate, epoch_batches
+from training.packing import collate_packed, epoch_packs
 
 
 @dataclass
@@ -73,8 +77,19 @@ class Trainer:
     def epoch_order(self, epoch: int) -> list[list[int]]:
         if epoch not in self._orders:
             lengths = [len(x.input_ids) for x in self.items]
-            self._orders = {epoch: epoch_batches(lengths, self.spec.micro_batch_size, self.spec.seed, epoch)}
+            self._orders = {epoch: epoch_order(self.spec, lengths, epoch)}
         return self._orders[epoch]
+
+    def make_batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor | int]:
+        items = [self.items[i] for i in indices]
+        return collate_packed(items) if self.spec.packing else collate(items, self.pad_id)
+
+
+def epoch_order(spec: JobSpec, lengths: Sequence[int], epoch: int) -> list[list[int]]:
+    """The micro-batches (lists of example indices) of one epoch."""
+    if spec.packing:
+        return epoch_packs(lengths, spec.micro_batch_size * spec.max_seq_len, spec.seed, epoch)
+    return epoch_batches(lengths, spec.micro_batch_size, spec.seed, epoch)
 
 
 def step_micro_batches(spec: JobSpec) -> int:
@@ -83,11 +98,15 @@ def step_micro_batches(spec: JobSpec) -> int:
     return spec.gradient_accumulation_steps * spec.num_gpus
 
 
-def total_steps(spec: JobSpec, num_examples: int) -> int:
+def total_steps(spec: JobSpec, lengths: Sequence[int]) -> int:
+    """Optimizer steps of the run: max_steps, or the steps of all epochs (the last step of an epoch
+    may take fewer micro-batches). Packed epochs may differ in their number of micro-batches."""
     if spec.max_steps is not None:
         return spec.max_steps
-    per_epoch = math.ceil(batches_per_epoch(num_examples, spec.micro_batch_size) / step_micro_batches(spec))
-    return spec.epochs * per_epoch
+    accum = step_micro_batches(spec)
+    if not spec.packing:
+        return spec.epochs * math.ceil(math.ceil(len(lengths) / spec.micro_batch_size) / accum)
+    return sum(math.ceil(len(epoch_order(spec, lengths, e)) / accum) for e in range(spec.epochs))
 
 
 def make_optimizer(spec: JobSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -131,22 +150,26 @@ def take_step_batches(t: Trainer, pos: Position) -> tuple[list[list[int]], bool]
     return chosen, ended
 
 
-def count_targets(batch: dict[str, torch.Tensor]) -> int:
-    return int((batch["labels"][:, 1:] != IGNORE).sum())
+Batch = dict[str, torch.Tensor | int]  # training.data.collate or training.packing.collate_packed
 
 
-def token_loss_sum(t: Trainer, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def count_targets(batch: Batch) -> int:
+    return int((batch["labels"][:, 1:] != IGNORE).sum())  # type: ignore[index]
+
+
+def token_loss_sum(t: Trainer, batch: Batch) -> torch.Tensor:
     """Sum (not mean) of the next-token cross-entropies of a micro-batch's target tokens, in fp32."""
-    batch = {k: v.to(t.device) for k, v in batch.items()}
+    batch = {k: v.to(t.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    labels: torch.Tensor = batch.pop("labels")  # type: ignore[assignment]
+    targets = labels[:, 1:] != IGNORE
+    # Only positions whose next token is a target need logits: the lm_head and softmax skip prompt
+    # and padding tokens (transformers' logits_to_keep takes a boolean mask, output [kept, vocab]).
+    keep = F.pad(targets, (0, 1), value=False)
     with t.autocast():
-        logits = t.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    shifted = logits[:, :-1].float()
-    return F.cross_entropy(
-        shifted.reshape(-1, shifted.size(-1)),
-        batch["labels"][:, 1:].reshape(-1),
-        ignore_index=IGNORE,
-        reduction="sum",
-    )
+        logits = t.model(**batch, logits_to_keep=keep).logits
+    if logits.dim() == 3:  # a model whose forward ignores a boolean logits_to_keep
+        logits = logits[:, :-1][targets]
+    return F.cross_entropy(logits.float(), labels[:, 1:][targets], reduction="sum")
 
 
 def micro_batch_seed(seed: int, epoch: int, index: int) -> int:
@@ -156,7 +179,7 @@ def micro_batch_seed(seed: int, epoch: int, index: int) -> int:
 
 def accumulate_gradients(
     t: Trainer,
-    micro_batches: list[dict[str, torch.Tensor]],
+    micro_batches: list[Batch],
     total_targets: int | None = None,
     seeds: list[int] | None = None,
     padding: int = 0,
@@ -217,7 +240,7 @@ def train_step(t: Trainer, pos: Position) -> StepResult:
     tokens = sum(len(t.items[i].input_ids) for idx in indices for i in idx)
     mine, padding = rank_share(len(indices), distributed.rank(), distributed.world_size())
     chosen = mine + [mine[0] if mine else 0] * padding
-    micro_batches = [collate([t.items[i] for i in indices[k]], t.pad_id) for k in chosen]
+    micro_batches = [t.make_batch(indices[k]) for k in chosen]
     seeds = [micro_batch_seed(t.spec.seed, epoch, first + k) for k in chosen]
     lr = lr_at(t.spec, pos.step, t.total_steps)
     local_loss, _ = accumulate_gradients(t, micro_batches, targets, seeds, padding)

@@ -49,10 +49,13 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device):
         raise ValueError(f"method {spec.method!r} is planned only and cannot be trained")
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
+    from training.packing import attn_implementation
+
     kwargs: dict = {
         "local_files_only": True,
         "trust_remote_code": False,
-        "attn_implementation": spec.attn_implementation,
+        # Packed batches need attention per example (training.packing).
+        "attn_implementation": attn_implementation(spec.attn_implementation, spec.packing),
     }
     if spec.method == "qlora":
         cdtype = compute_dtype(device)

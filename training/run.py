@@ -95,7 +95,7 @@ def _train_on(config, stop: StopFlag, sharded: bool) -> int:
     from transformers.utils import logging as hf_logging
 
     from core.storage import ADAPTER_DIR, CHECKPOINTS_DIR, MERGED_DIR, METRICS_FILE
-    from training import checkpoint, data, distributed, evaluate, export, loop, memory, metrics, model
+    from training import checkpoint, distributed, evaluate, export, loop, memory, metrics, model
 
     hf_logging.disable_progress_bar()
     spec, out = config.spec, Path(config.output_dir)
@@ -109,10 +109,11 @@ def _train_on(config, stop: StopFlag, sharded: bool) -> int:
     log.info("job %s: %s on %s, base %s", config.job_id, spec.method, device, config.model_dir)
 
     tokenizer = model.load_tokenizer(Path(config.model_dir))
-    items, val_items, dropped = load_splits(config, tokenizer)
+    items, val_items, dropped, token_stats = load_splits(config, tokenizer)
     log.info(
-        "dataset: %d training and %d validation examples (%d dropped: nothing to train on after truncation)",
-        len(items), len(val_items), dropped,
+        "dataset: %d training and %d validation examples (%d dropped: over max_seq_len with "
+        "over_length=drop, or nothing to train on); tokens per example %s",
+        len(items), len(val_items), dropped, token_stats,
     )  # fmt: skip
 
     torch.manual_seed(spec.seed)  # LoRA init: the same on every rank, which then keeps its slice
@@ -134,7 +135,7 @@ def _train_on(config, stop: StopFlag, sharded: bool) -> int:
         items=items,
         pad_id=_pad_id(tokenizer),
         device=device,
-        total_steps=loop.total_steps(spec, len(items)),
+        total_steps=loop.total_steps(spec, [len(x.input_ids) for x in items]),
         autocast=lambda: model.autocast_for(spec, device),
         scaler=torch.amp.GradScaler(device.type) if fp16 else None,
     )
@@ -150,20 +151,22 @@ def _train_on(config, stop: StopFlag, sharded: bool) -> int:
             "type": "start",
             "total_steps": t.total_steps,
             "num_examples": len(items),
+            "num_validation_examples": len(val_items),
+            "dropped_examples": dropped,
+            "token_stats": token_stats,
             "trainable_params": sum(p.numel() for p in params),
             "resumed_from_step": pos.step,
             "predicted_peak_bytes": predicted_peak_bytes(spec, Path(config.model_dir), device),
         }
     )
     tracker = memory.PeakMemory(device)
-    per_epoch = data.batches_per_epoch(len(items), spec.micro_batch_size)
     saved = {pos.step} if latest else set()
 
     def on_step(r: loop.StepResult, p: loop.Position, seconds: float) -> bool:
         rec = metrics.step_record(
             step=p.step,
             total_steps=t.total_steps,
-            epoch=p.epoch + p.batch_index / per_epoch,
+            epoch=p.epoch + p.batch_index / len(t.epoch_order(p.epoch)),
             loss=r.loss,
             lr=r.lr,
             grad_norm=r.grad_norm,
@@ -240,22 +243,25 @@ def _train_on(config, stop: StopFlag, sharded: bool) -> int:
     return EXIT_OK
 
 
-def load_splits(config, tokenizer) -> tuple[list, list, int]:
-    """(training examples, validation examples, examples dropped for having nothing to train on)."""
+def load_splits(config, tokenizer) -> tuple[list, list, int, dict]:
+    """(training examples, validation examples, examples dropped (too long under over_length=drop, or
+    nothing to train on), token statistics of the training file)."""
     from training import data, evaluate
 
     spec = config.spec
-    items, dropped = data.load_dataset(
-        Path(config.dataset_path), tokenizer, spec.max_seq_len, config.column_mapping
-    )
+    whole = data.tokenize_file(Path(config.dataset_path), tokenizer, config.column_mapping)
+    stats = data.token_stats([len(t.input_ids) for t in whole], spec.max_seq_len, spec.over_length)
+    items, dropped = data.fit_to_length(whole, spec.max_seq_len, spec.over_length)
     if spec.validation_dataset_id:
         if not config.validation_path:
             raise data.DatasetError("the spec names a validation dataset but the run has no path for it")
         path = Path(config.validation_path)
-        val, _ = data.load_dataset(path, tokenizer, spec.max_seq_len, config.validation_column_mapping)
-        return items, val, dropped
+        val, _ = data.load_dataset(
+            path, tokenizer, spec.max_seq_len, config.validation_column_mapping, spec.over_length
+        )
+        return items, val, dropped, stats
     train, val = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
-    return train, val, dropped
+    return train, val, dropped, stats
 
 
 def predicted_peak_bytes(spec, model_dir: Path, device) -> int | None:

@@ -14,6 +14,7 @@ from training.data import (
     collate,
     epoch_batches,
     load_dataset,
+    token_stats,
     tokenize_example,
 )
 
@@ -120,3 +121,30 @@ def test_collate_right_pads_with_ignored_labels(tokenizer, tmp_path: Path) -> No
     assert batch["input_ids"].shape == (3, max(lens))
     assert batch["attention_mask"].sum(1).tolist() == lens
     assert (batch["labels"][batch["attention_mask"] == 0] == IGNORE).all()
+
+
+def test_over_length_truncate_or_drop(tokenizer, tmp_path: Path) -> None:
+    rows = [{"text": "word " * 40}, {"text": "short text"}, {"prompt": "word " * 100, "completion": "end"}]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    kept, dropped = load_dataset(path, tokenizer, max_seq_len=16, over_length="truncate")
+    assert len(kept) == 2 and dropped == 1  # the long prompt leaves nothing to train on
+    assert max(len(t.input_ids) for t in kept) == 16
+    kept, dropped = load_dataset(path, tokenizer, max_seq_len=16, over_length="drop")
+    assert len(kept) == 1 and dropped == 2
+    assert trained_text(tokenizer, kept[0].input_ids, kept[0].labels) == "short text</s>"
+
+
+def test_load_dataset_applies_the_column_mapping(tokenizer, tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "m.jsonl", [{"q": "The sky is", "a": " blue."}])
+    with pytest.raises(DatasetError):
+        load_dataset(path, tokenizer, 64)
+    (t,), _ = load_dataset(path, tokenizer, 64, column_mapping={"q": "prompt", "a": "completion"})
+    assert trained_text(tokenizer, t.input_ids, t.labels) == " blue.</s>"
+
+
+def test_token_stats_count_what_exceeds_max_seq_len() -> None:
+    stats = token_stats([5, 1, 9, 3, 7, 20, 12, 2, 8, 4], max_seq_len=8, over_length="drop")
+    assert stats == {
+        "count": 10, "p50": 7, "p95": 20, "max": 20, "over_max_seq_len": 3, "over_length": "drop"
+    }  # fmt: skip
+    assert token_stats([], 8, "truncate") == {"count": 0}

@@ -19,7 +19,7 @@ def spec(**kw) -> JobSpec:
 
 
 def make_trainer(tiny_model: Path, items, **kw) -> Trainer:
-    s = spec(lora_dropout=0.0, lora_r=4, max_grad_norm=1.0, **kw)
+    s = spec(lora_dropout=0.0, lora_r=4, max_grad_norm=1.0, packing=False, **kw)  # padded batches
     torch.manual_seed(0)
     model = load_model(s, tiny_model, torch.device("cpu"))
     params = [p for _, p in trainable_parameters(model)]
@@ -58,8 +58,9 @@ def test_accumulation_matches_one_big_batch_on_unequal_lengths(
 
 def test_total_steps() -> None:
     # 10 examples / micro 2 = 5 batches; accumulation 2 -> 3 steps an epoch (the last takes one batch)
-    assert total_steps(spec(micro_batch_size=2, gradient_accumulation_steps=2, epochs=3), 10) == 9
-    assert total_steps(spec(max_steps=7, epochs=3), 10) == 7
+    padded = spec(micro_batch_size=2, gradient_accumulation_steps=2, epochs=3, packing=False)
+    assert total_steps(padded, [20] * 10) == 9
+    assert total_steps(spec(max_steps=7, epochs=3), [20] * 10) == 7
 
 
 def test_schedules() -> None:

@@ -37,16 +37,21 @@ def adapter(out: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("method", "optimizer", "stop_at"),
+    ("method", "optimizer", "stop_at", "packing"),
     [
-        ("lora", "adamw", 4),  # mid-epoch 2, resumed run crosses the epoch 2 -> 3 boundary
-        ("qlora", "paged_adamw_8bit", 2),  # mid-epoch 1, crosses two epoch boundaries
-        ("lora", "adamw_8bit", 3),  # exactly at an epoch end
+        ("lora", "adamw", 4, True),  # mid-epoch 2, resumed run crosses the epoch 2 -> 3 boundary
+        ("qlora", "paged_adamw_8bit", 2, True),  # mid-epoch 1, crosses two epoch boundaries
+        ("lora", "adamw_8bit", 3, True),  # exactly at an epoch end
+        ("lora", "adamw", 4, False),  # padded, length-grouped batches
     ],
 )
-def test_resumed_run_equals_uninterrupted_run(make_config, method: str, optimizer: str, stop_at: int) -> None:
-    # 12 examples, micro 2, accumulation 2: 6 batches = 3 optimizer steps an epoch, 9 steps in all.
+def test_resumed_run_equals_uninterrupted_run(
+    make_config, method: str, optimizer: str, stop_at: int, packing: bool
+) -> None:
+    # 12 examples of 40-64 tokens, micro 2, accumulation 2: 6 batches (packed: 6 packs of 2, as
+    # 2 * max_seq_len 64 = 128 tokens fit two) = 3 optimizer steps an epoch, 9 steps in all.
     kw = {
+        "packing": packing,
         "method": method,
         "optimizer": optimizer,
         "epochs": 3,

@@ -59,6 +59,9 @@ def test_run_end_to_end(make_config, demo_model: Path, tmp_path: Path) -> None:
     out = Path(config.output_dir)
     records = read_jsonl(out / METRICS_FILE)
     assert records[0]["type"] == "start" and records[0]["total_steps"] == 20
+    stats = records[0]["token_stats"]
+    assert stats["count"] == 16 and stats["p50"] <= stats["p95"] <= stats["max"] <= 128
+    assert stats["over_max_seq_len"] == 0 and stats["over_length"] == "truncate"
     assert records[-1]["type"] == "done" and records[-1]["step"] == 20
     steps = [r for r in records if r["type"] == "step"]
     assert [r["step"] for r in steps] == list(range(1, 21))

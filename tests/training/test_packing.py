@@ -1,0 +1,162 @@
+"""Packing: packed loss and gradients equal the per-example ones; packs are a resumable partition;
+attention never crosses (or computes across) an example boundary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from core.spec import JobSpec
+from tests.training.util import qa_rows, write_jsonl
+from training.data import IGNORE, Tokenized, collate, load_dataset
+from training.loop import Trainer, accumulate_gradients, epoch_order, make_optimizer, total_steps
+from training.model import load_model, trainable_parameters
+from training.packing import ATTN_NAME, collate_packed, epoch_packs, packed_attention
+
+
+def make_trainer(tiny_model: Path, items, **kw) -> Trainer:
+    s = JobSpec(base_model="tiny", dataset_id="testdata01", lora_dropout=0.0, lora_r=4, **kw)
+    torch.manual_seed(0)
+    model = load_model(s, tiny_model, torch.device("cpu"))
+    params = [p for _, p in trainable_parameters(model)]
+    with torch.no_grad():  # LoRA B starts at zero; make every LoRA weight get a gradient
+        for p in params:
+            p.add_(torch.randn_like(p) * 0.05)
+    return Trainer(s, model, make_optimizer(s, params), params, items, 0, torch.device("cpu"), 10)
+
+
+@pytest.fixture
+def items(tokenizer, tmp_path: Path) -> list[Tokenized]:
+    items, _ = load_dataset(write_jsonl(tmp_path / "d.jsonl", qa_rows(6)), tokenizer, 128)
+    assert len({len(t.input_ids) for t in items}) >= 4  # unequal lengths
+    return items
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_packed_loss_and_gradients_equal_per_example(tiny_model: Path, items, method: str) -> None:
+    per_example = make_trainer(tiny_model, items, method=method, packing=False)
+    assert per_example.model.config._attn_implementation == "sdpa"
+    loss_a, tok_a = accumulate_gradients(per_example, [collate([t], 0) for t in items])
+
+    packed = make_trainer(tiny_model, items, method=method, packing=True)
+    assert packed.model.config._attn_implementation == ATTN_NAME
+    loss_b, tok_b = accumulate_gradients(packed, [collate_packed(items)])
+
+    assert tok_a == tok_b == sum(t.num_targets for t in items)
+    assert loss_b == pytest.approx(loss_a, abs=1e-4)
+    for pa, pb in zip(per_example.params, packed.params, strict=True):
+        assert pa.grad is not None and pa.grad.abs().sum() > 0
+        torch.testing.assert_close(pb.grad, pa.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_packed_attention_equals_dense_block_diagonal_attention() -> None:
+    """Per-example SDPA == full-row attention with a block-diagonal causal mask (GQA, 3 examples)."""
+    torch.manual_seed(0)
+    bounds = [0, 5, 6, 13]
+    q, k, v = torch.randn(1, 4, 13, 8), torch.randn(1, 2, 13, 8), torch.randn(1, 2, 13, 8)
+    module = torch.nn.Module()
+    out, _ = packed_attention(module, q, k, v, None, cu_seq_lens_q=torch.tensor(bounds, dtype=torch.int32))
+    doc = torch.repeat_interleave(torch.arange(3), torch.tensor(np.diff(bounds)))
+    mask = (doc[:, None] == doc[None, :]) & torch.ones(13, 13, dtype=torch.bool).tril()
+    dense = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=mask
+    )
+    assert out.shape == (1, 13, 4, 8)
+    torch.testing.assert_close(out, dense.transpose(1, 2), atol=1e-6, rtol=1e-6)
+
+
+def test_attention_never_crosses_examples(tiny_model: Path, items) -> None:
+    """Changing one example leaves the logits of the others bit for bit unchanged."""
+    t = make_trainer(tiny_model, items, packing=True)
+    changed = list(items)
+    changed[2] = Tokenized([5] * len(items[2].input_ids), items[2].labels)
+    with torch.no_grad():
+        a = t.model(**_inputs(collate_packed(items))).logits[0]
+        b = t.model(**_inputs(collate_packed(changed))).logits[0]
+    starts = np.cumsum([0] + [len(x.input_ids) for x in items])
+    for i in range(len(items)):
+        s, e = starts[i], starts[i + 1]
+        assert torch.equal(a[s:e], b[s:e]) == (i != 2), i
+
+
+def test_packed_attention_does_no_cross_example_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each SDPA call sees exactly one example: the score work is sum(n_i^2), not T^2."""
+    calls: list[tuple[int, int]] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def counting(q, k, v, **kw):
+        calls.append((q.shape[2], k.shape[2]))
+        return sdpa(q, k, v, **kw)
+
+    q = torch.randn(1, 2, 10, 4)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting)
+    packed_attention(torch.nn.Module(), q, q, q, None, cu_seq_lens_q=torch.tensor([0, 3, 4, 10]))
+    assert calls == [(3, 3), (1, 1), (6, 6)]
+
+
+def test_a_model_loaded_for_packing_handles_any_batch(tiny_model: Path, items) -> None:
+    """Padded batches fall back to masked SDPA; a packed row without cu_seq_lens is cut at the
+    position ids; all agree with the plain SDPA model, example by example."""
+    packed = make_trainer(tiny_model, items, packing=True).model
+    plain = make_trainer(tiny_model, items, packing=False).model
+    padded = collate(items, 0)
+    row = collate_packed(items)
+    no_bounds = {k: v for k, v in row.items() if k in ("input_ids", "position_ids")}
+    with torch.no_grad():
+        want = plain(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).logits
+        got_padded = packed(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).logits
+        got_row = packed(**_inputs(row)).logits[0]
+        got_no_bounds = packed(**no_bounds).logits[0]
+        got_single = packed(input_ids=padded["input_ids"][:1, : len(items[0].input_ids)]).logits[0]
+    start = 0
+    for i, t in enumerate(items):
+        n = len(t.input_ids)
+        torch.testing.assert_close(got_padded[i, :n], want[i, :n], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got_row[start : start + n], want[i, :n], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got_no_bounds[start : start + n], want[i, :n], atol=1e-5, rtol=1e-5)
+        start += n
+    torch.testing.assert_close(got_single, want[0, : len(items[0].input_ids)], atol=1e-5, rtol=1e-5)
+
+
+def test_collate_packed_restarts_positions_and_ignores_first_labels() -> None:
+    a, b = Tokenized([1, 2, 3], [IGNORE, 2, 3]), Tokenized([4, 5], [4, 5])
+    batch = collate_packed([a, b])
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 5]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
+    # 4 (b's first token) is never the target of 3 (a's last): labels[1:] are the targets.
+    assert batch["labels"].tolist() == [[IGNORE, 2, 3, IGNORE, 5]]
+    assert batch["cu_seq_lens_q"].tolist() == [0, 3, 5] and batch["max_length_q"] == 3
+
+
+def test_epoch_packs_are_a_seeded_full_partition_within_capacity() -> None:
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(np.log(150), 0.8, 3000), 8, 512).astype(int).tolist()
+    cap = 4 * 512
+    p0 = epoch_packs(lengths, cap, seed=7, epoch=0)
+    assert p0 == epoch_packs(lengths, cap, seed=7, epoch=0)  # resumable: a pure function
+    assert p0 != epoch_packs(lengths, cap, seed=7, epoch=1)
+    assert p0 != epoch_packs(lengths, cap, seed=8, epoch=0)
+    assert sorted(i for p in p0 for i in p) == list(range(3000))
+    fill = [sum(lengths[i] for i in p) for p in p0]
+    assert max(fill) <= cap
+    assert sum(fill) / (len(p0) * cap) > 0.97  # best-fit decreasing leaves little slack
+    with pytest.raises(ValueError, match="does not fit"):
+        epoch_packs([10, cap + 1], cap, seed=0, epoch=0)
+
+
+def test_total_steps_counts_packed_micro_batches_per_epoch() -> None:
+    lengths = [(i * 37) % 101 + 1 for i in range(200)]
+    s = JobSpec(
+        base_model="tiny", dataset_id="testdata01", micro_batch_size=2, max_seq_len=128,
+        gradient_accumulation_steps=3, epochs=2,
+    )  # fmt: skip
+    expected = sum(-(-len(epoch_order(s, lengths, e)) // 3) for e in range(2))
+    assert total_steps(s, lengths) == expected
+    assert expected < total_steps(s.model_copy(update={"packing": False}), lengths)  # 2 * ceil(100 / 3)
+
+
+def _inputs(batch: dict) -> dict:
+    return {k: v for k, v in batch.items() if k != "labels"}
