@@ -31,6 +31,7 @@ bench: install
 	$(PY) bench/planner_accuracy.py
 	$(PY) bench/data_throughput.py
 	$(PY) bench/train_throughput.py
+	$(PY) bench/packing.py
 
 clean:
 	rm -rf var test-artifacts .pytest_cache
