@@ -6,6 +6,8 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from core.spec import ID_RE
@@ -96,6 +98,22 @@ class Storage:
 
     def delete_job_files(self, job_id: str) -> None:
         shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
+
+
+@contextmanager
+def atomic_dir(target: Path) -> Iterator[Path]:
+    """A fresh temp dir next to `target` to fill; when the block succeeds it replaces `target` in one
+    rename, so readers see the old directory or the complete new one. Removed on failure."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".tmp-{target.name}-"))
+    try:
+        yield tmp
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -7,11 +7,10 @@ half-built model is never seen and two builders cannot interleave.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from core.storage import atomic_dir
 
 CORPUS = Path(__file__).with_name("demo_corpus.txt")
 
@@ -54,18 +53,10 @@ def build_demo_model(
     target = Path(models_dir) / name
     if (target / "config.json").is_file() and not force:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
+    with atomic_dir(target) as tmp:
         tokenizer = _build_tokenizer(size.vocab_size)
         tokenizer.save_pretrained(tmp)
         _build_model(size, tokenizer, seed).save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 

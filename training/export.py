@@ -7,12 +7,11 @@ The merge runs on the CPU, after training has finished with the GPU.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
+
+from core.storage import atomic_dir
 
 
 def export_merged(model_dir: Path, adapter_dir: Path, dest: Path, dtype: torch.dtype) -> Path:
@@ -23,15 +22,7 @@ def export_merged(model_dir: Path, adapter_dir: Path, dest: Path, dtype: torch.d
     local = {"local_files_only": True, "trust_remote_code": False}
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **local)
     merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".tmp-merged-"))
-    try:
+    with atomic_dir(dest) as tmp:
         merged.save_pretrained(tmp, safe_serialization=True)
         AutoTokenizer.from_pretrained(model_dir, **local).save_pretrained(tmp)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dest

@@ -16,10 +16,8 @@ import json
 import logging
 import os
 import random
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import traceback
 from pathlib import Path
@@ -314,21 +312,15 @@ def save_adapter(net, weights: dict, adapter_dir: Path, config, *, final_loss, p
     """peft's safetensors adapter + adapter_config.json + a model card, renamed into place.
 
     `weights` are the whole trainable tensors by name (gathered from all ranks under FSDP)."""
-    adapter_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=adapter_dir.parent, prefix=".tmp-adapter-"))
-    try:
+    from core.storage import atomic_dir
+
+    with atomic_dir(adapter_dir) as tmp:
         net.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
         cfg_path = tmp / "adapter_config.json"
         cfg = json.loads(cfg_path.read_text())
         cfg["base_model_name_or_path"] = config.spec.base_model  # a name, not this server's path
         cfg_path.write_text(json.dumps(cfg, indent=2))
         (tmp / "README.md").write_text(model_card(config, final_loss=final_loss, pos=pos, peak=peak))
-        if adapter_dir.exists():
-            shutil.rmtree(adapter_dir)
-        os.replace(tmp, adapter_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def model_card(config, *, final_loss, pos, peak: int) -> str:
