@@ -102,19 +102,23 @@ class Cluster:
     def events(self, job_id: str) -> list[dict[str, Any]]:
         return list(api.get(f"{self.base}/jobs/{job_id}/events?limit=500", timeout=10).json()["data"])
 
-    def wait_step(self, job_id: str, step: int, timeout: float = 300) -> dict[str, Any]:
+    def wait_step(self, job_id: str, step: int, attempt: int = 1, timeout: float = 300) -> dict[str, Any]:
+        """Until `attempt` is training (its process has started and loaded) at `step` or later. The step
+        shown may still be the previous attempt's until the new one reports, so the attempt is checked."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             job = self.job(job_id)
-            if job["status"] == "running" and job["progress"]["step"] >= step:
-                return job
+            if job["status"] == "running" and job["attempt"] == attempt and job["progress"]["step"] >= step:
+                loaded = [e for e in self.events(job_id) if e["kind"] == "training_started"]
+                if len(loaded) >= attempt:
+                    return job
             assert job["status"] in ("queued", "running"), job
             time.sleep(0.1)
-        raise TimeoutError(f"job {job_id} did not reach step {step}")
+        raise TimeoutError(f"job {job_id} did not reach step {step} in attempt {attempt}")
 
-    def training_pid(self, job_id: str) -> int:
+    def training_pid(self, job_id: str, attempt: int = 1) -> int:
         started = [e for e in self.events(job_id) if e["kind"] == "process_started"]
-        return int(started[-1]["data"]["pid"])
+        return int([e for e in started if e["data"]["attempt"] == attempt][-1]["data"]["pid"])
 
 
 @pytest.fixture
@@ -161,10 +165,10 @@ def test_killed_workers_lose_no_work(cluster: Cluster, dataset_id: str) -> None:
     rng = random.Random()
     kills = sorted(rng.sample(range(4, steps - 2), 2))
     print(f"killing the worker at steps {kills}")
-    for at in kills:
-        cluster.wait_step(job_id, at)
+    for attempt, at in enumerate(kills, start=1):
+        cluster.wait_step(job_id, at, attempt)
         worker = cluster.workers[-1]
-        child = cluster.training_pid(job_id)
+        child = cluster.training_pid(job_id, attempt)
         os.kill(worker.p.pid, signal.SIGKILL)
         os.kill(child, signal.SIGKILL)
         worker.p.wait()
