@@ -16,28 +16,31 @@ too_few_examples, which is about the whole file and has line 0.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import random
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from pydantic import BaseModel
 
+from core.data_stats import ExampleStats, StreamSha256
 from core.examples import Format, apply_column_mapping, check_column_mapping, detect_format
+from core.line_checks import (
+    LineProblem,
+    check_chat,
+    check_flat,
+    json_type,
+    partial_format,
+    unknown_format_message,
+)
 from core.settings import Settings
 
 BOM = b"\xef\xbb\xbf"
-ROLES = ("system", "user", "assistant")
 REQUIRED: dict[str, tuple[str, ...]] = {
     "chat": ("messages",),
     "instruction": ("instruction", "output"),
     "prompt_completion": ("prompt", "completion"),
     "text": ("text",),
 }
-# Percentiles come from a fixed-size, fixed-seed reservoir: exact up to this many examples.
-RESERVOIR_SIZE = 10_000
 READ_CHUNK = 1 << 20
 
 
@@ -61,145 +64,6 @@ class DatasetReport(BaseModel):
     stats: dict[str, Any]
 
 
-class _Checked(NamedTuple):
-    """What the stats and the duplicate set need from a valid line."""
-
-    chars: int  # characters of content
-    messages: int
-    key: tuple[Any, ...]  # the used fields: equal keys are duplicate examples
-    flag: bool  # chat: starts with a system message; instruction: has a non-empty input
-
-
-class _LineProblem(Exception):
-    """One problem that ends the checks of a line (its structure cannot be trusted past it)."""
-
-    def __init__(self, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.field = code, message, field
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, dict):
-        return "object"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bool):
-        return "boolean"
-    if value is None:
-        return "null"
-    return "number"
-
-
-def _show(value: Any, limit: int = 40) -> str:
-    """A short rendering of a user value for a message: scalars as JSON, containers by type."""
-    text = _json_type(value) if isinstance(value, (dict, list)) else json.dumps(value)
-    return text if len(text) <= limit else text[: limit - 4] + '..."'
-
-
-class _Sha256:
-    """sha256 of a byte stream that overlaps hashing with parsing.
-
-    hashlib releases the GIL on large buffers, so big chunks are hashed on one helper thread while the
-    caller parses them. At most one chunk is in flight, so memory stays bounded.
-    """
-
-    THREAD_MIN_BYTES = 1 << 16
-
-    def __init__(self) -> None:
-        self._hash = hashlib.sha256()
-        self._pool: ThreadPoolExecutor | None = None
-        self._busy: Future[None] | None = None
-
-    def update(self, chunk: bytes) -> None:
-        self._wait()
-        if len(chunk) < self.THREAD_MIN_BYTES:
-            self._hash.update(chunk)
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftune-sha256")
-        self._busy = self._pool.submit(self._hash.update, chunk)
-
-    def hexdigest(self) -> str:
-        self._wait()
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-        return self._hash.hexdigest()
-
-    def _wait(self) -> None:
-        if self._busy is not None:
-            self._busy.result()
-            self._busy = None
-
-
-class _Stats:
-    """Constant-memory statistics over valid examples: min/mean/max exactly, percentiles from a reservoir."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.chars_sum = 0
-        self.chars_min = 0
-        self.chars_max = 0
-        self.msgs_sum = 0
-        self.msgs_min = 0
-        self.msgs_max = 0
-        self.flagged = 0
-        self._chars: list[int] = []
-        self._msgs: list[int] = []
-        self._rng = random.Random(0)  # fixed seed: the same file gives the same report
-
-    def add(self, chars: int, msgs: int, flag: bool) -> None:
-        # Called once per example: plain comparisons, no min()/max() calls.
-        self.count += 1
-        self.flagged += flag
-        if self.count == 1:
-            self.chars_min = self.chars_max = chars
-            self.msgs_min = self.msgs_max = msgs
-        else:
-            if chars < self.chars_min:
-                self.chars_min = chars
-            elif chars > self.chars_max:
-                self.chars_max = chars
-            if msgs < self.msgs_min:
-                self.msgs_min = msgs
-            elif msgs > self.msgs_max:
-                self.msgs_max = msgs
-        self.chars_sum += chars
-        self.msgs_sum += msgs
-        if self.count <= RESERVOIR_SIZE:
-            self._chars.append(chars)
-            self._msgs.append(msgs)
-        else:
-            # Reservoir sampling (algorithm R); random() is C, randrange() is Python.
-            j = int(self._rng.random() * self.count)
-            if j < RESERVOIR_SIZE:
-                self._chars[j] = chars
-                self._msgs[j] = msgs
-
-    def summary(self, fmt: Format | None, blank_lines: int) -> dict[str, Any]:
-        out: dict[str, Any] = {"blank_lines": blank_lines}
-        if not self.count:
-            return out
-        out["percentiles_exact"] = self.count <= RESERVOIR_SIZE
-        out["chars_per_example"] = self._dist(self._chars, self.chars_min, self.chars_sum, self.chars_max)
-        if fmt == "chat":
-            out["messages_per_example"] = self._dist(self._msgs, self.msgs_min, self.msgs_sum, self.msgs_max)
-            out["with_system_message"] = self.flagged
-        if fmt == "instruction":
-            out["with_input"] = self.flagged
-        return out
-
-    def _dist(self, sample: list[int], lo: int, total: int, hi: int) -> dict[str, float]:
-        ordered = sorted(sample)
-
-        def pct(q: float) -> int:
-            return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-        return {"min": lo, "mean": round(total / self.count, 2), "p50": pct(0.5), "p95": pct(0.95), "max": hi}
-
-
 class DatasetValidator:
     """Validate a JSONL dataset fed in chunks of any size; lines may span chunks.
 
@@ -220,7 +84,7 @@ class DatasetValidator:
         self._mapping = check_column_mapping(column_mapping)
         # Problems name the user's keys, not the renamed ones.
         self._reverse = {dst: src for src, dst in self._mapping.items()}
-        self._sha = _Sha256()
+        self._sha = StreamSha256()
         self._size = 0
         self._pending = bytearray()
         self._skipping = False  # inside a line longer than max_line_bytes
@@ -234,7 +98,7 @@ class DatasetValidator:
         self._seen: set[int] = set()
         self._problems: list[Problem] = []
         self._counts: dict[str, int] = {}
-        self._stats = _Stats()
+        self._stats = ExampleStats()
         self._report: DatasetReport | None = None
 
     @classmethod
@@ -357,7 +221,7 @@ class DatasetValidator:
             return
         try:
             self._check_line(raw)
-        except _LineProblem as p:
+        except LineProblem as p:
             field = self._user_field(p.field)
             where = f'line {self._line_no}: field "{field}"' if field else f"line {self._line_no}:"
             self._add(self._line_no, p.code, f"{where} {p.message}", field)
@@ -371,7 +235,7 @@ class DatasetValidator:
             fmt = self._line_format(obj, fmt)
         # Lone surrogate escapes (\ud800) decode to str that cannot be encoded; look only if one may be there.
         strict = b"\\ud" in raw or b"\\uD" in raw
-        checked = _check_chat(obj, strict) if fmt == "chat" else _check_flat(obj, fmt, strict)
+        checked = check_chat(obj, strict) if fmt == "chat" else check_flat(obj, fmt, strict)
         self._examples += 1
         self._stats.add(checked.chars, checked.messages, checked.flag)
         # A 64-bit hash (SipHash of each string, in C) is ~4x cheaper than a digest of a canonical dump;
@@ -386,35 +250,35 @@ class DatasetValidator:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise _LineProblem(
+            raise LineProblem(
                 "invalid_utf8", f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1})"
             ) from None
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
-            raise _LineProblem("invalid_json", f"invalid JSON: {e.msg} (column {e.colno})") from None
+            raise LineProblem("invalid_json", f"invalid JSON: {e.msg} (column {e.colno})") from None
         except RecursionError:
-            raise _LineProblem("invalid_json", "invalid JSON: nested too deeply") from None
+            raise LineProblem("invalid_json", "invalid JSON: nested too deeply") from None
         except ValueError as e:  # e.g. an integer with too many digits
-            raise _LineProblem("invalid_json", f"invalid JSON: {e}") from None
+            raise LineProblem("invalid_json", f"invalid JSON: {e}") from None
         if not isinstance(obj, dict):
-            raise _LineProblem("not_an_object", f"expected a JSON object; got {_json_type(obj)}")
+            raise LineProblem("not_an_object", f"expected a JSON object; got {json_type(obj)}")
         return obj
 
     def _line_format(self, obj: dict[str, Any], fmt: Format | None) -> Format:
         """The line's format, which must be the file's; sets the file's format from its first line."""
-        guess = fmt or _partial_format(obj) or self._format
+        guess = fmt or partial_format(obj) or self._format
         if guess is None:
-            raise _LineProblem("unknown_format", _unknown_format_message(obj, self._reverse))
+            raise LineProblem("unknown_format", unknown_format_message(obj, self._reverse))
         if self._format is not None and guess != self._format:
-            raise _LineProblem(
+            raise LineProblem(
                 "mixed_formats",
                 f'format is "{guess}" but the file\'s format is "{self._format}" (from line '
                 f"{self._format_line}); a file must use one format",
             )
         if fmt is None:
             missing = next(k for k in REQUIRED[guess] if k not in obj)
-            raise _LineProblem("missing_field", f'is required (format "{guess}")', missing)
+            raise LineProblem("missing_field", f'is required (format "{guess}")', missing)
         if self._format is None:
             self._format, self._format_line = fmt, self._line_no
         return fmt
@@ -424,127 +288,6 @@ class DatasetValidator:
             return field
         root, sep, rest = field.partition("[")
         return self._reverse.get(root, root) + sep + rest
-
-
-def _partial_format(obj: dict[str, Any]) -> Format | None:
-    """A format a line meant to have but lacks a required key of, for a missing_field message."""
-    if "instruction" in obj or "output" in obj:
-        return "instruction"
-    if "prompt" in obj or "completion" in obj:
-        return "prompt_completion"
-    return None
-
-
-def _unknown_format_message(obj: dict[str, Any], reverse: dict[str, str]) -> str:
-    keys = ", ".join(_show(k) for k in list(obj)[:10]) + (", ..." if len(obj) > 10 else "")
-    expected = [
-        ("chat", "messages"),
-        ("instruction", "instruction + output"),
-        ("prompt_completion", "prompt + completion"),
-        ("text", "text"),
-    ]
-    alts = "; ".join(f"{name}: {keys_}" for name, keys_ in expected)
-    hint = "" if reverse else " (or pass a column_mapping)"
-    return f"no known format: expected keys for {alts}{hint}; got keys [{keys}]"
-
-
-def _path(key: str, at: int | None) -> str:
-    """JSON path of a field, built only for a problem: "output" or "messages[2].content"."""
-    return key if at is None else f"messages[{at}].{key}"
-
-
-def _text(
-    obj: dict[str, Any], key: str, strict: bool, *, at: int | None = None, required: bool = True
-) -> str:
-    """The string at obj[key]; raise for a missing, non-string or blank value (null is absent if optional)."""
-    value = obj.get(key)
-    if value is None:
-        if required:
-            raise _LineProblem("missing_field", "is required", _path(key, at))
-        return ""
-    if type(value) is not str:
-        raise _LineProblem("wrong_type", f"must be a string; got {_json_type(value)}", _path(key, at))
-    if required and (not value or value.isspace()):
-        raise _LineProblem("empty_content", "must not be empty", _path(key, at))
-    if strict:
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            msg = "contains an unpaired surrogate escape such as \\ud800 (not valid Unicode)"
-            raise _LineProblem("invalid_utf8", msg, _path(key, at)) from None
-    return value
-
-
-def _check_flat(obj: dict[str, Any], fmt: Format, strict: bool) -> _Checked:
-    """Check an instruction, prompt_completion or text line; flag: an instruction has an input."""
-    if fmt == "instruction":
-        values = (
-            _text(obj, "instruction", strict),
-            _text(obj, "input", strict, required=False),
-            _text(obj, "output", strict),
-        )
-    elif fmt == "prompt_completion":
-        values = (_text(obj, "prompt", strict), _text(obj, "completion", strict))
-    else:
-        values = (_text(obj, "text", strict),)
-    has_input = fmt == "instruction" and bool(values[1])
-    # Only used fields make an example: extra keys (ids, metadata) do not hide a duplicate.
-    return _Checked(sum(map(len, values)), 1 if fmt == "text" else 2, (fmt, *values), has_input)
-
-
-def _check_chat(obj: dict[str, Any], strict: bool) -> _Checked:
-    """Check a chat line; flag: it starts with a system message."""
-    messages = obj["messages"]
-    if type(messages) is not list:
-        raise _LineProblem("wrong_type", f"must be an array; got {_json_type(messages)}", "messages")
-    if not messages:
-        raise _LineProblem("empty_content", "must not be empty", "messages")
-    first = messages[0]
-    system_first = type(first) is dict and first.get("role") == "system"
-    chars = 0
-    assistant = False
-    canon: list[tuple[str, str, int | None]] = []
-    for i, m in enumerate(messages):
-        if type(m) is not dict:
-            raise _LineProblem("wrong_type", f"must be an object; got {_json_type(m)}", f"messages[{i}]")
-        role = _role(m, i, system_first)
-        content = _text(m, "content", strict, at=i)
-        weight = m.get("weight")
-        if weight is not None and (type(weight) is not int or weight not in (0, 1)):
-            raise _LineProblem("wrong_type", f"must be 0 or 1; got {_show(weight)}", _path("weight", i))
-        chars += len(content)
-        assistant = assistant or role == "assistant"
-        canon.append((role, content, weight))
-    if not assistant:
-        raise _LineProblem(
-            "no_assistant_turn", "has no assistant message; at least one is required", "messages"
-        )
-    return _Checked(chars, len(messages), tuple(canon), system_first)
-
-
-def _role(m: dict[str, Any], i: int, system_first: bool) -> str:
-    """The role of messages[i]: known, and in order (optional system first, then user/assistant alternate)."""
-    role = m.get("role")
-    if i == 0 and system_first:
-        return "system"
-    # The happy path: the role the position asks for.
-    expected = "user" if (i - system_first) % 2 == 0 else "assistant"
-    if role == expected:
-        return role
-    if role is None:
-        raise _LineProblem("missing_field", "is required", _path("role", i))
-    if type(role) is not str:
-        raise _LineProblem("wrong_type", f"must be a string; got {_json_type(role)}", _path("role", i))
-    if role not in ROLES:
-        raise _LineProblem(
-            "unknown_role", f"must be one of {', '.join(ROLES)}; got {_show(role)}", _path("role", i)
-        )
-    raise _LineProblem(
-        "roles_not_alternating",
-        f'must be "{expected}" (after an optional first system message, roles alternate '
-        f"user, assistant, user, ...); got {_show(role)}",
-        _path("role", i),
-    )
 
 
 def validate_file(

@@ -1,0 +1,115 @@
+"""Running summaries of an upload: its sha256 (hashed beside parsing) and constant-memory example stats."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from core.examples import Format
+
+# Percentiles come from a fixed-size, fixed-seed reservoir: exact up to this many examples.
+RESERVOIR_SIZE = 10_000
+
+
+class StreamSha256:
+    """sha256 of a byte stream that overlaps hashing with parsing.
+
+    hashlib releases the GIL on large buffers, so big chunks are hashed on one helper thread while the
+    caller parses them. At most one chunk is in flight, so memory stays bounded.
+    """
+
+    THREAD_MIN_BYTES = 1 << 16
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self._pool: ThreadPoolExecutor | None = None
+        self._busy: Future[None] | None = None
+
+    def update(self, chunk: bytes) -> None:
+        self._wait()
+        if len(chunk) < self.THREAD_MIN_BYTES:
+            self._hash.update(chunk)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftune-sha256")
+        self._busy = self._pool.submit(self._hash.update, chunk)
+
+    def hexdigest(self) -> str:
+        self._wait()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        return self._hash.hexdigest()
+
+    def _wait(self) -> None:
+        if self._busy is not None:
+            self._busy.result()
+            self._busy = None
+
+
+class ExampleStats:
+    """Constant-memory statistics over valid examples: min/mean/max exactly, percentiles from a reservoir."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.chars_sum = 0
+        self.chars_min = 0
+        self.chars_max = 0
+        self.msgs_sum = 0
+        self.msgs_min = 0
+        self.msgs_max = 0
+        self.flagged = 0
+        self._chars: list[int] = []
+        self._msgs: list[int] = []
+        self._rng = random.Random(0)  # fixed seed: the same file gives the same report
+
+    def add(self, chars: int, msgs: int, flag: bool) -> None:
+        # Called once per example: plain comparisons, no min()/max() calls.
+        self.count += 1
+        self.flagged += flag
+        if self.count == 1:
+            self.chars_min = self.chars_max = chars
+            self.msgs_min = self.msgs_max = msgs
+        else:
+            if chars < self.chars_min:
+                self.chars_min = chars
+            elif chars > self.chars_max:
+                self.chars_max = chars
+            if msgs < self.msgs_min:
+                self.msgs_min = msgs
+            elif msgs > self.msgs_max:
+                self.msgs_max = msgs
+        self.chars_sum += chars
+        self.msgs_sum += msgs
+        if self.count <= RESERVOIR_SIZE:
+            self._chars.append(chars)
+            self._msgs.append(msgs)
+        else:
+            # Reservoir sampling (algorithm R); random() is C, randrange() is Python.
+            j = int(self._rng.random() * self.count)
+            if j < RESERVOIR_SIZE:
+                self._chars[j] = chars
+                self._msgs[j] = msgs
+
+    def summary(self, fmt: Format | None, blank_lines: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"blank_lines": blank_lines}
+        if not self.count:
+            return out
+        out["percentiles_exact"] = self.count <= RESERVOIR_SIZE
+        out["chars_per_example"] = self._dist(self._chars, self.chars_min, self.chars_sum, self.chars_max)
+        if fmt == "chat":
+            out["messages_per_example"] = self._dist(self._msgs, self.msgs_min, self.msgs_sum, self.msgs_max)
+            out["with_system_message"] = self.flagged
+        if fmt == "instruction":
+            out["with_input"] = self.flagged
+        return out
+
+    def _dist(self, sample: list[int], lo: int, total: int, hi: int) -> dict[str, float]:
+        ordered = sorted(sample)
+
+        def pct(q: float) -> int:
+            return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+        return {"min": lo, "mean": round(total / self.count, 2), "p50": pct(0.5), "p95": pct(0.95), "max": hi}
