@@ -157,6 +157,51 @@ def estimate(
     return plan
 
 
+def _base_weight_terms(
+    spec: JobSpec, arch: Architecture, runtime: Runtime, store: str, shard: str
+) -> list[Term]:
+    """The frozen base: NF4 block linears + the layers bitsandbytes leaves unquantized, or all in `store`."""
+    n, sb, total_params = spec.num_gpus, DTYPE_BYTES[store], arch.total_params
+    terms: list[Term] = []
+    if spec.method == "qlora":
+        q_bytes = arch.num_layers * sum(nf4_bytes(m.weight_numel) for m in arch.block_linears)
+        q_params = arch.num_layers * sum(m.weight_numel for m in arch.block_linears)
+        rest = total_params - q_params
+        terms.append(
+            Term(
+                name="base weights (NF4)",
+                bytes=q_bytes // n,
+                note=(
+                    f"{q_params:,} block linear weights in 4-bit NF4: 0.5 B/param + uint8 absmax "
+                    "per 64 values, fp32 scale per 256 absmaxes (double quant) = "
+                    f"{q_bytes / q_params:.4f} B/param{shard}"
+                ),
+            )
+        )
+        up = runtime.kbit_fp32_upcast
+        qb = 4 if up else sb
+        how = "cast to fp32 by prepare_model_for_kbit_training" if up else f"in {store}"
+        terms.append(
+            Term(
+                name="unquantized weights",
+                bytes=rest * qb // n,
+                note=(
+                    f"{rest:,} params {how}: embeddings, lm_head, norms, biases (bitsandbytes quantizes "
+                    f"only the decoder-block linears){shard}"
+                ),
+            )
+        )
+    else:
+        terms.append(
+            Term(
+                name="base weights",
+                bytes=total_params * sb // n,
+                note=(f"{total_params:,} params in {store} ({sb} B/param){shard}"),
+            )
+        )
+    return terms
+
+
 def _estimate(
     spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int | None, runtime: Runtime = FTUNE
 ) -> Plan:
@@ -188,44 +233,7 @@ def _estimate(
     )
     shard = f" / {n} GPUs (FSDP shard)" if n > 1 else ""
 
-    persistent: list[Term] = []
-    # -- base weights ---------------------------------------------------------------------------------
-    if method == "qlora":
-        q_bytes = arch.num_layers * sum(nf4_bytes(m.weight_numel) for m in arch.block_linears)
-        q_params = arch.num_layers * sum(m.weight_numel for m in arch.block_linears)
-        rest = total_params - q_params
-        persistent.append(
-            Term(
-                name="base weights (NF4)",
-                bytes=q_bytes // n,
-                note=(
-                    f"{q_params:,} block linear weights in 4-bit NF4: 0.5 B/param + uint8 absmax "
-                    "per 64 values, fp32 scale per 256 absmaxes (double quant) = "
-                    f"{q_bytes / q_params:.4f} B/param{shard}"
-                ),
-            )
-        )
-        up = runtime.kbit_fp32_upcast
-        qb = 4 if up else sb
-        how = "cast to fp32 by prepare_model_for_kbit_training" if up else f"in {store}"
-        persistent.append(
-            Term(
-                name="unquantized weights",
-                bytes=rest * qb // n,
-                note=(
-                    f"{rest:,} params {how}: embeddings, lm_head, norms, biases (bitsandbytes quantizes "
-                    f"only the decoder-block linears){shard}"
-                ),
-            )
-        )
-    else:
-        persistent.append(
-            Term(
-                name="base weights",
-                bytes=total_params * sb // n,
-                note=(f"{total_params:,} params in {store} ({sb} B/param){shard}"),
-            )
-        )
+    persistent: list[Term] = _base_weight_terms(spec, arch, runtime, store, shard)
     # -- trainable state ------------------------------------------------------------------------------
     if full:
         grad_b = sb
