@@ -124,23 +124,25 @@ def packed_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:  # GQA: repeat kv heads once for the batch, not once per example
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
     rows = []
-    for b, bounds in enumerate(_boundaries(query.shape[0], query.shape[2], cu_seq_lens_q, position_ids)):
-        q, k, v = query[b : b + 1], key[b : b + 1], value[b : b + 1]
+    bounds = _boundaries(query.shape[0], query.shape[2], cu_seq_lens_q, position_ids)
+    # unbind and split, not slices: autograd joins the pieces' gradients with one stack or cat, where
+    # each slice's backward would write a zero tensor the size of the whole batch
+    for q_row, k_row, v_row, row_bounds in zip(
+        query.unbind(0), key.unbind(0), value.unbind(0), bounds, strict=True
+    ):
+        sizes = [e - s for s, e in pairwise(row_bounds)]
         outs = [
             F.scaled_dot_product_attention(
-                q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], dropout_p=dropout, scale=scaling, is_causal=True
+                q, k, v, dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=True
+            ).transpose(0, 1)  # [n, heads, dim]: the pieces join straight into the output layout
+            for q, k, v in zip(
+                q_row.split(sizes, 1), k_row.split(sizes, 1), v_row.split(sizes, 1), strict=True
             )
-            for s, e in pairwise(bounds)
-            if e > s
+            if q.shape[1]
         ]
-        rows.append(outs[0] if len(outs) == 1 else torch.cat(outs, dim=2))
-    out = rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
-    return out.transpose(1, 2).contiguous(), None
+        rows.append(torch.cat(outs))
+    return torch.stack(rows), None
 
 
 def _boundaries(

@@ -88,7 +88,7 @@ def test_packed_attention_does_no_cross_example_work(monkeypatch: pytest.MonkeyP
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def counting(q, k, v, **kw):
-        calls.append((q.shape[2], k.shape[2]))
+        calls.append((q.shape[-2], k.shape[-2]))
         return sdpa(q, k, v, **kw)
 
     q = torch.randn(1, 2, 10, 4)
