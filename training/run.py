@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network, even by accident
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from training.host_memory import reuse_freed_memory
+
+    reuse_freed_memory()  # before torch allocates: each step's activations reuse the last step's pages
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     from core.spec import RunConfig
 
@@ -247,7 +250,9 @@ def load_splits(config, tokenizer) -> tuple[list, list, int, dict]:
     from training import data, evaluate
 
     spec = config.spec
-    whole = data.tokenize_file(Path(config.dataset_path), tokenizer, config.column_mapping)
+    whole = data.tokenize_file(
+        Path(config.dataset_path), tokenizer, config.column_mapping, spec.train_on_inputs
+    )
     stats = data.token_stats([len(t.input_ids) for t in whole], spec.max_seq_len, spec.over_length)
     items, dropped = data.fit_to_length(whole, spec.max_seq_len, spec.over_length)
     if spec.validation_dataset_id:
@@ -255,7 +260,12 @@ def load_splits(config, tokenizer) -> tuple[list, list, int, dict]:
             raise data.DatasetError("the spec names a validation dataset but the run has no path for it")
         path = Path(config.validation_path)
         val, _ = data.load_dataset(
-            path, tokenizer, spec.max_seq_len, config.validation_column_mapping, spec.over_length
+            path,
+            tokenizer,
+            spec.max_seq_len,
+            config.validation_column_mapping,
+            spec.over_length,
+            spec.train_on_inputs,
         )
         return items, val, dropped, stats
     train, val = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
