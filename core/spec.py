@@ -56,6 +56,11 @@ class JobSpec(BaseModel):
     over_length: OverLength = Field(
         "truncate", description="Examples longer than max_seq_len: truncate them, or drop them."
     )
+    train_on_inputs: bool = Field(
+        False,
+        description="Train on the inputs too (system and user turns, instruction, prompt, template markup); "
+        "false: only on replies and completions. Assistant turns with weight 0 are never trained.",
+    )
     packing: bool = Field(
         True,
         description="Pack examples into padding-free micro-batches of up to micro_batch_size * max_seq_len "

@@ -1,10 +1,11 @@
 """Examples -> token ids + labels -> deterministic, length-grouped, resumable micro-batches.
 
-Labels use -100 for tokens that are not trained on (the prompt, system/user turns, assistant turns
-with weight 0). Chat and instruction examples are rendered through the tokenizer's chat template one
-message at a time: each message's text is the difference between the template rendered up to and
-including it and the template rendered up to it, so the pieces concatenate to exactly the full
-rendering and each token belongs to one message.
+Labels use -100 for tokens that are not trained on: the inputs (system and user turns, the
+instruction, the prompt, the template's markup) unless `train_on_inputs`, and assistant turns with
+weight 0 always. Chat and instruction examples are rendered through the tokenizer's chat template, or
+DEFAULT_CHAT_TEMPLATE (ChatML) when the tokenizer has none, one message at a time: each message's text
+is the difference between the template rendered up to and including it and the template rendered up
+to it, so the pieces concatenate to exactly the full rendering and each token belongs to one message.
 """
 
 from __future__ import annotations
@@ -20,6 +21,20 @@ import torch
 from core.examples import Example, Message, read_examples
 
 IGNORE = -100
+# ChatML, for base models whose tokenizer has no chat template. An assistant turn ends with
+# <|im_end|> and the tokenizer's EOS, so the model learns to stop where generation stops.
+DEFAULT_CHAT_TEMPLATE = (
+    "{{ bos_token or '' }}"
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token or '' }}{% endif %}"
+    "{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# What a piece of an example is: the inputs (trained only with train_on_inputs), a target, or an
+# assistant turn with weight 0 (never trained).
+INPUT, TARGET, SKIPPED = "input", "target", "skipped"
 GROUP_BATCHES = 32  # micro-batches sorted by length together; bigger = less padding, less randomness
 
 
@@ -38,50 +53,52 @@ class Tokenized:
         return sum(1 for x in self.labels[1:] if x != IGNORE)
 
 
-def tokenize_example(example: Example, tokenizer, max_seq_len: int | None) -> Tokenized:
+def tokenize_example(
+    example: Example, tokenizer, max_seq_len: int | None, train_on_inputs: bool = False
+) -> Tokenized:
     """Token ids and labels of one example, truncated to max_seq_len (None: not truncated)."""
     if example.format in ("chat", "instruction"):
         pieces = render_chat_pieces(example.messages, tokenizer)
     else:
         pieces = _raw_pieces(example, tokenizer)
+    trained = {TARGET} | ({INPUT} if train_on_inputs else set())
     ids: list[int] = []
     labels: list[int] = []
-    for piece_ids, trained in pieces:
+    for piece_ids, kind in pieces:
         ids.extend(piece_ids)
-        labels.extend(piece_ids if trained else [IGNORE] * len(piece_ids))
+        labels.extend(piece_ids if kind in trained else [IGNORE] * len(piece_ids))
     return Tokenized(ids[:max_seq_len], labels[:max_seq_len])
 
 
-def render_chat_pieces(messages: Sequence[Message], tokenizer) -> list[tuple[list[int], bool]]:
-    """Split the chat-template rendering into (token ids, trained) pieces, one or two per message.
+def render_chat_pieces(messages: Sequence[Message], tokenizer) -> list[tuple[list[int], str]]:
+    """Split the chat-template rendering into (token ids, kind) pieces, one or two per message.
 
-    An assistant message becomes its generation prompt (not trained) and its reply (trained when
-    weight is 1), so the trained tokens are exactly what the model must generate after the prompt,
+    An assistant message becomes its generation prompt (an input) and its reply (a target when
+    weight is 1), so the targets are exactly what the model must generate after the prompt,
     including the end-of-turn marker.
     """
-    if not getattr(tokenizer, "chat_template", None):
-        raise DatasetError(
-            "the base model has no chat template; use the prompt_completion or text format with it"
-        )
+    template = getattr(tokenizer, "chat_template", None) or DEFAULT_CHAT_TEMPLATE
     dicts = [{"role": m.role, "content": m.content} for m in messages]
-    pieces: list[tuple[str, bool]] = []
+    pieces: list[tuple[str, str]] = []
     done = ""
     for i, message in enumerate(messages):
+        kind = INPUT
         if message.role == "assistant":
-            prompt = _render(tokenizer, dicts[:i], add_generation_prompt=True)
-            pieces.append((_suffix(prompt, done), False))
+            prompt = _render(tokenizer, template, dicts[:i], add_generation_prompt=True)
+            pieces.append((_suffix(prompt, done), INPUT))
             done = prompt
-        full = _render(tokenizer, dicts[: i + 1], add_generation_prompt=False)
-        pieces.append((_suffix(full, done), message.role == "assistant" and message.weight == 1))
+            kind = TARGET if message.weight == 1 else SKIPPED
+        full = _render(tokenizer, template, dicts[: i + 1], add_generation_prompt=False)
+        pieces.append((_suffix(full, done), kind))
         done = full
-    return [(_encode(tokenizer, text), trained) for text, trained in pieces if text]
+    return [(_encode(tokenizer, text), kind) for text, kind in pieces if text]
 
 
-def _render(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+def _render(tokenizer, template: str, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
     if not messages and not add_generation_prompt:
         return ""
     return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
     )
 
 
@@ -92,14 +109,14 @@ def _suffix(text: str, prefix: str) -> str:
     return text[len(prefix) :]
 
 
-def _raw_pieces(example: Example, tokenizer) -> list[tuple[list[int], bool]]:
-    """prompt_completion: prompt masked, completion + EOS trained. text: everything + EOS trained."""
+def _raw_pieces(example: Example, tokenizer) -> list[tuple[list[int], str]]:
+    """prompt_completion: prompt an input, completion + EOS a target. text: everything + EOS a target."""
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    pieces: list[tuple[list[int], bool]] = [(bos, False)] if bos else []
+    pieces: list[tuple[list[int], str]] = [(bos, INPUT)] if bos else []
     for m in example.messages:
-        pieces.append((_encode(tokenizer, m.content), m.weight == 1))
-    pieces.append((eos, True))
+        pieces.append((_encode(tokenizer, m.content), TARGET if m.weight == 1 else INPUT))
+    pieces.append((eos, TARGET))
     return pieces
 
 
@@ -113,16 +130,21 @@ def load_dataset(
     max_seq_len: int,
     column_mapping: dict[str, str] | None = None,
     over_length: str = "truncate",
+    train_on_inputs: bool = False,
 ) -> tuple[list[Tokenized], int]:
     """Tokenize a validated JSONL file (read with the column mapping it was uploaded with). Returns the
     trainable examples and how many were dropped (see fit_to_length)."""
-    return fit_to_length(tokenize_file(path, tokenizer, column_mapping), max_seq_len, over_length)
+    whole = tokenize_file(path, tokenizer, column_mapping, train_on_inputs)
+    return fit_to_length(whole, max_seq_len, over_length)
 
 
-def tokenize_file(path: Path, tokenizer, column_mapping: dict[str, str] | None = None) -> list[Tokenized]:
+def tokenize_file(
+    path: Path, tokenizer, column_mapping: dict[str, str] | None = None, train_on_inputs: bool = False
+) -> list[Tokenized]:
     """Every example of a validated JSONL file, whole (not truncated)."""
     try:
-        return [tokenize_example(e, tokenizer, None) for e in read_examples(path, column_mapping)]
+        examples = read_examples(path, column_mapping)
+        return [tokenize_example(e, tokenizer, None, train_on_inputs) for e in examples]
     except (ValueError, KeyError, TypeError) as e:
         if isinstance(e, DatasetError):
             raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from core.examples import to_example
 from tests.training.util import qa_rows, write_jsonl
 from training.data import (
+    DEFAULT_CHAT_TEMPLATE,
     IGNORE,
     DatasetError,
     collate,
@@ -91,6 +93,36 @@ def test_text_trains_everything_and_eos(tokenizer) -> None:
     assert masked_text(tokenizer, t.input_ids, t.labels) == "<s>"  # BOS is never a target anyway
     assert trained_text(tokenizer, t.input_ids, t.labels) == "Plants need light.</s>"
     assert t.num_targets == len(t.input_ids) - 1
+
+
+def test_train_on_inputs_trains_the_prompt_but_never_a_weight_0_turn(tokenizer) -> None:
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Two plus two?"},
+        {"role": "assistant", "content": "Five.", "weight": 0},
+        {"role": "user", "content": "Again."},
+        {"role": "assistant", "content": "Four."},
+    ]
+    t = tokenize_example(to_example({"messages": msgs}, "chat"), tokenizer, 512, train_on_inputs=True)
+    assert masked_text(tokenizer, t.input_ids, t.labels) == "Five.<|im_end|>\n"
+    ex = to_example({"prompt": "The sky is", "completion": " blue."}, "prompt_completion")
+    t = tokenize_example(ex, tokenizer, 512, train_on_inputs=True)
+    assert trained_text(tokenizer, t.input_ids, t.labels) == "<s>The sky is blue.</s>"
+
+
+def test_a_tokenizer_without_chat_template_gets_the_default_chatml(tokenizer) -> None:
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    t = tokenize_example(to_example({"messages": msgs}, "chat"), plain, 512)
+    assert (
+        masked_text(plain, t.input_ids, t.labels)
+        == "<s><|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    # the reply ends with the end-of-turn marker and EOS, so generation learns to stop
+    assert trained_text(plain, t.input_ids, t.labels) == "Hello!<|im_end|></s>\n"
+    full = plain.apply_chat_template(msgs, chat_template=DEFAULT_CHAT_TEMPLATE, tokenize=False)
+    assert t.input_ids == plain(full, add_special_tokens=False)["input_ids"]
 
 
 def test_truncation_and_examples_with_nothing_to_train_are_dropped(tokenizer, tmp_path: Path) -> None:
