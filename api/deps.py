@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.ratelimit import RateLimiter
+from api.token_stats import TokenStatsQueue
 from core.catalog import Catalog
 from core.settings import Settings
 from core.storage import Storage
@@ -27,6 +28,7 @@ class Services:
     enqueue: Callable[[str], bool]
     broker_ping: Callable[[], bool]
     rate_limiter: RateLimiter
+    token_stats: TokenStatsQueue  # a new job's token statistics, computed in the background
     local_principal: Principal | None  # set when auth is off
 
 

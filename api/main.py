@@ -6,7 +6,8 @@ Run it with `ftune api` (uvicorn --factory api.main:create_app).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import redis
 from fastapi import FastAPI
@@ -18,6 +19,7 @@ from api.deps import Services
 from api.metrics import LatencyMiddleware, new_registry
 from api.ratelimit import RateLimiter
 from api.routes import dashboard, datasets, health, jobs, live, metrics, models, plan, workers
+from api.token_stats import Compute, TokenStatsQueue, subprocess_compute
 from core.catalog import Catalog
 from core.settings import Settings, get_settings
 from core.storage import Storage
@@ -57,7 +59,19 @@ def provision_auth(settings: Settings, sessions: sessionmaker[Session]) -> Princ
     return None
 
 
-def create_app(settings: Settings | None = None, enqueue: Callable[[str], bool] | None = None) -> FastAPI:
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    yield
+    app.state.services.token_stats.close()  # kill a running computation rather than wait for it
+
+
+def create_app(
+    settings: Settings | None = None,
+    enqueue: Callable[[str], bool] | None = None,
+    token_stats: Compute | None = None,
+) -> FastAPI:
+    """`enqueue` and `token_stats` (the computation) are injectable; by default the broker and the
+    `python -m training.token_stats` subprocess."""
     settings = settings or get_settings()
     storage = Storage(settings.data_dir)
     storage.ensure()
@@ -72,6 +86,11 @@ def create_app(settings: Settings | None = None, enqueue: Callable[[str], bool] 
         enqueue=enqueue or CeleryEnqueuer(create_celery(settings)),
         broker_ping=redis_ping(settings.redis_url),
         rate_limiter=RateLimiter(settings.rate_limit_per_minute),
+        token_stats=TokenStatsQueue(
+            sessions,
+            token_stats or subprocess_compute(settings.token_stats_timeout_seconds),
+            settings.token_stats_max_waiting,
+        ),
         local_principal=provision_auth(settings, sessions),
     )
     if not settings.redis_url:
@@ -80,6 +99,7 @@ def create_app(settings: Settings | None = None, enqueue: Callable[[str], bool] 
         title="ftune",
         version="0.1.0",
         description="Self-hosted LoRA/QLoRA fine-tuning: upload JSONL, submit jobs, download adapters.",
+        lifespan=lifespan,
     )
     app.state.services = services
     errors.install(app)

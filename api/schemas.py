@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from core.spec import JobSpec
+from core.token_stats import TokenStats
 from models.tables import Artifact, Dataset, Job, JobEvent
 
 
@@ -44,6 +45,10 @@ class JobOut(BaseModel):
     peak_mem_bytes: int | None
     predicted_peak_bytes: int | None
     adapter_url: str | None
+    token_stats: TokenStats | None = Field(
+        description="Tokens per example against the base model's tokenizer: pending at submission, "
+        "ready seconds later (or failed with an error); null for jobs older than this field."
+    )
 
 
 class DatasetOut(BaseModel):
@@ -129,6 +134,7 @@ def job_out(job: Job) -> JobOut:
         peak_mem_bytes=job.peak_mem_bytes,
         predicted_peak_bytes=job.predicted_peak_bytes,
         adapter_url=f"/jobs/{job.id}/adapter" if job.status == "succeeded" else None,
+        token_stats=TokenStats.model_validate(job.token_stats) if job.token_stats else None,
     )
 
 

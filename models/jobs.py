@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from core.spec import ID_RE, JobSpec
 from core.states import TERMINAL, JobStatus
+from core.token_stats import PENDING, TokenStats, needs_attention, summary
 from models.pagination import newest_first, page
 from models.tables import Artifact, Job, JobEvent, utcnow
 
@@ -43,6 +44,7 @@ def create_job(
         cancel_requested=False,
         step=0,
         predicted_peak_bytes=predicted_peak_bytes,
+        token_stats=PENDING,  # computed in the background (api.token_stats) or at training start
     )
     session.add(job)
     session.flush()
@@ -76,6 +78,38 @@ def list_events(session: Session, job_id: str, after: int, limit: int) -> tuple[
         .limit(limit + 1)
     ).all()
     return list(rows[:limit]), len(rows) > limit
+
+
+def store_token_stats(session: Session, job_id: str, stats: dict[str, Any]) -> bool:
+    """Store statistics computed at job creation, unless training's start has filled them already
+    (compare-and-set on "pending"). False if they were not stored."""
+    return _set_token_stats(session, job_id, stats, _token_stats_status() == "pending")
+
+
+def fill_token_stats(session: Session, job_id: str, stats: dict[str, Any]) -> bool:
+    """Store statistics from training's start record unless ready ones are there: covers an API
+    process that died (pending), a computation that failed, and jobs older than the column (NULL)."""
+    return _set_token_stats(session, job_id, stats, _token_stats_status() != "ready")
+
+
+def _token_stats_status() -> Any:
+    # NULL (column or key missing) compares as "": a NULL would make != "ready" unknown, not true.
+    return func.coalesce(Job.token_stats["status"].as_string(), "")
+
+
+def _set_token_stats(session: Session, job_id: str, stats: dict[str, Any], condition: Any) -> bool:
+    value = TokenStats.model_validate(stats)
+    stored = value.model_dump(mode="json", exclude_none=True)
+    result = session.execute(update(Job).where(Job.id == job_id, condition).values(token_stats=stored))
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    if value.status == "ready":
+        level = "warning" if needs_attention(value) else "info"
+        add_event(session, job_id, "token_stats", summary(value), {**stored, "level": level})
+    elif value.error is not None:
+        msg = f"token statistics failed ({value.error.code}): {value.error.message}"
+        add_event(session, job_id, "token_stats", msg, {**stored, "level": "warning"})
+    return True
 
 
 def mark_enqueued(session: Session, job_id: str) -> None:

@@ -33,7 +33,7 @@ from models import jobs as jobs_db
 from models import workers as workers_db
 from models.db import session_scope
 from worker.artifacts import build_adapter_archive, build_archive, sha256_dir, sha256_file
-from worker.progress import MetricsTail, progress_values
+from worker.progress import MetricsTail, progress_values, token_stats_from_start
 
 log = logging.getLogger(__name__)
 
@@ -175,9 +175,17 @@ class JobRunner:
                     resumed = rec.get("resumed_from_step") or 0
                     msg = f"training resumed from step {resumed}" if resumed else "training started"
                     jobs_db.add_event(s, job_id, "training_started", msg, rec)
+                    self._fill_token_stats(s, job_id, rec)
                 elif kind == "checkpoint":
                     self._register_checkpoint(s, job_id, rec)
             return jobs_db.heartbeat(s, job_id, attempt, self.settings.lease_seconds, **progress)
+
+    def _fill_token_stats(self, s: Session, job_id: str, rec: dict[str, Any]) -> None:
+        """If the API process did not store them (it died, timed out or failed), training's count will do."""
+        job = jobs_db.get_job(s, job_id)
+        stats = token_stats_from_start(rec, job.spec) if job is not None else None
+        if stats is not None:
+            jobs_db.fill_token_stats(s, job_id, stats)  # a no-op once they are ready
 
     def _register_checkpoint(self, s: Session, job_id: str, rec: dict[str, Any]) -> None:
         path = Path(rec["path"])

@@ -15,6 +15,7 @@ from api.deps import Services, ServicesDep, SessionDep
 from api.idempotency import IdempotencyKeyHeader, body_hash, run_once
 from api.responses import AUTHED, errors
 from api.schemas import ArtifactOut, EventOut, EventPage, JobOut, Page, artifact_out, event_out, job_out
+from api.token_stats import request_for
 from core.errors import Conflict, NotFound, RateLimited
 from core.spec import JobSpec
 from core.states import JobStatus
@@ -67,7 +68,9 @@ def _create_job(spec: JobSpec, services: Services, principal: Principal) -> JSON
         if plan is not None:  # the itemised prediction, shown beside the measured peak on the job page
             atomic_write_text(services.storage.plan_path(job_id), plan.model_dump_json())
         jobs_db.mark_enqueued(s, job_id)
+        stats = request_for(s, services.catalog, services.storage, job_id, spec, principal.tenant_id)
     services.enqueue(job_id)  # if the broker is down the reaper re-sends it; the job is safe in the DB
+    services.token_stats.submit(stats)  # in the background: the job is committed, "pending" until then
     with services.sessions() as s:
         out = job_out(_get(s, job_id, principal))
     return JSONResponse(out.model_dump(mode="json"), 202, headers={"Location": f"/jobs/{job_id}"})

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from api.main import create_app
+from api.token_stats import StatsRequest
 from core.settings import Settings
 from models.db import session_scope
 from models.tenants import create_key
@@ -25,6 +28,20 @@ class RecordingEnqueuer:
     def __call__(self, job_id: str) -> bool:
         self.sent.append(job_id)
         return True
+
+
+class RecordingTokenStats:
+    """The token statistics computation as a double: records each request and returns `result`
+    (None: nothing is stored, the job's token_stats stay "pending"). The real subprocess runs in
+    tests/api/test_token_stats.py."""
+
+    def __init__(self, result: dict[str, Any] | None = None) -> None:
+        self.result = result
+        self.requests: list[StatsRequest] = []
+
+    def __call__(self, request: StatsRequest, stop: threading.Event) -> dict[str, Any] | None:
+        self.requests.append(request)
+        return self.result
 
 
 @pytest.fixture
@@ -47,9 +64,17 @@ def enqueued() -> RecordingEnqueuer:
 
 
 @pytest.fixture
-def app(settings: Settings, enqueued: RecordingEnqueuer) -> Iterator[FastAPI]:
-    app = create_app(settings, enqueue=enqueued)
+def token_stats() -> RecordingTokenStats:
+    return RecordingTokenStats()
+
+
+@pytest.fixture
+def app(
+    settings: Settings, enqueued: RecordingEnqueuer, token_stats: RecordingTokenStats
+) -> Iterator[FastAPI]:
+    app = create_app(settings, enqueue=enqueued, token_stats=token_stats)
     yield app
+    app.state.services.token_stats.close()
     app.state.services.engine.dispose()
 
 

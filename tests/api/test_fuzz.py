@@ -33,7 +33,7 @@ from api.deps import get_session
 from api.main import create_app
 from core.settings import Settings
 from models.migrate import upgrade
-from tests.api.conftest import ALPACA, TINY_CONFIG, RecordingEnqueuer
+from tests.api.conftest import ALPACA, TINY_CONFIG, RecordingEnqueuer, RecordingTokenStats
 
 ADMIN_KEY = "ftk_fuzzadmin000_" + "f" * 32
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -60,9 +60,19 @@ def fuzz_app(tmp_path: Path, sqlite_url: str) -> Iterator[FastAPI]:
         upload_idle_timeout_seconds=5,
         plan_gpu="24GB",  # a configured deployment: /plan without a fleet would be a (documented) 503
     )
-    app = create_app(settings, enqueue=RecordingEnqueuer())
+    # Ready statistics (of the shape training.token_stats prints), so job bodies carry numbers too.
+    stats = {"status": "ready", "source": "job_created", "count": 5, "p50": 20, "p95": 24, "max": 24}
+    stats |= {"max_seq_len": 512, "over_max_seq_len": 0, "over_length": "truncate", "dropped": 0}
+    stats |= {
+        "packing": True,
+        "micro_batches_per_epoch": 1,
+        "steps_per_epoch": 1,
+        "examples_per_micro_batch": 5,
+    }
+    app = create_app(settings, enqueue=RecordingEnqueuer(), token_stats=RecordingTokenStats(stats))
     app.state.services.broker_ping = lambda: True  # /ready: the broker is not what is fuzzed here
     yield app
+    app.state.services.token_stats.close()
     app.state.services.engine.dispose()
 
 

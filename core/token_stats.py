@@ -1,0 +1,81 @@
+"""Token statistics of a job's dataset against its base model's tokenizer: the stored shape and the
+one-line summary shown in the job's events.
+
+Computed when the job is created (`python -m training.token_stats`, run by the API in the background)
+and, if that did not finish, filled from training's "start" record (worker.runner).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TokenStatsStatus = Literal["pending", "ready", "failed"]
+
+
+class TokenStatsError(BaseModel):
+    code: str
+    message: str
+
+
+class TokenStats(BaseModel):
+    """What jobs.token_stats holds. Numbers are set once status is "ready"; `error` once "failed"."""
+
+    # Stored JSON may carry more keys than this version knows; they are ignored, never a 500.
+    model_config = ConfigDict(extra="ignore")
+
+    status: TokenStatsStatus
+    count: int | None = Field(None, description="Examples in the training file.")
+    p50: int | None = Field(None, description="Median tokens per example, before truncation.")
+    p95: int | None = Field(None, description="95th percentile of tokens per example.")
+    max: int | None = Field(None, description="The longest example in tokens.")
+    max_seq_len: int | None = None
+    over_max_seq_len: int | None = Field(None, description="Examples longer than max_seq_len.")
+    over_length: Literal["truncate", "drop"] | None = Field(
+        None, description="What happens to the examples longer than max_seq_len."
+    )
+    dropped: int | None = Field(
+        None, description="Examples not trained on: over-long with over_length=drop, or no target tokens."
+    )
+    packing: bool | None = None
+    micro_batches_per_epoch: int | None = None
+    steps_per_epoch: int | None = Field(None, description="Optimizer steps in the first epoch.")
+    examples_per_micro_batch: float | None = Field(None, description="Mean examples per micro-batch.")
+    source: Literal["job_created", "training_start"] | None = Field(
+        None, description="job_created: computed at submission; training_start: from training's start."
+    )
+    error: TokenStatsError | None = None
+
+
+PENDING: dict[str, Any] = {"status": "pending"}
+
+
+def failed(code: str, message: str) -> dict[str, Any]:
+    return {"status": "failed", "error": {"code": code, "message": message}}
+
+
+def needs_attention(stats: TokenStats) -> bool:
+    """Some examples will not be trained on as written (truncated or dropped)."""
+    return bool(stats.over_max_seq_len or stats.dropped)
+
+
+def summary(stats: TokenStats) -> str:
+    """e.g. "token statistics: 200 examples, p50 83 / p95 160 / max 240 tokens; 0 exceed max_seq_len
+    512 (truncate); packed: ~14 examples per micro-batch, 15 steps per epoch"."""
+    over, limit = stats.over_max_seq_len or 0, stats.max_seq_len
+    lengths = f"{stats.count} examples, p50 {stats.p50} / p95 {stats.p95} / max {stats.max} tokens"
+    if over:
+        fate = "dropped" if stats.over_length == "drop" else "truncated"
+        parts = [lengths, f"{over} exceed max_seq_len {limit} and will be {fate}"]
+    else:
+        parts = [lengths, f"0 exceed max_seq_len {limit} ({stats.over_length})"]
+    empty = (stats.dropped or 0) - (over if stats.over_length == "drop" else 0)
+    if empty > 0:
+        parts.append(f"{empty} with no tokens to train on will be dropped")
+    if stats.steps_per_epoch is not None and stats.examples_per_micro_batch is not None:
+        kind = "packed" if stats.packing else "padded"
+        per = f"{stats.examples_per_micro_batch:.3g}"
+        parts.append(f"{kind}: ~{per} examples per micro-batch, {stats.steps_per_epoch} steps per epoch")
+    text = "token statistics: " + "; ".join(parts)
+    return f"warning: {text}" if needs_attention(stats) else text

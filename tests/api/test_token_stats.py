@@ -1,0 +1,154 @@
+"""A new job's token statistics: computed in the background by the real `python -m training.token_stats`
+subprocess against a locally built tiny model, stored on the job, shown in GET /jobs/{id} and its events."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from api.token_stats import StatsRequest
+from core.settings import Settings
+from tests.api.conftest import RecordingEnqueuer, RecordingTokenStats, jsonl, new_key
+
+REPO = Path(__file__).resolve().parents[2]
+ALPACA = [json.loads(line) for line in (REPO / "examples" / "alpaca_small.jsonl").read_text().splitlines()]
+MAPPING = {"question": "prompt", "answer": "completion"}
+
+
+@pytest.fixture(scope="module")
+def built_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from training.demo import TINY, build_demo_model
+
+    return build_demo_model(tmp_path_factory.mktemp("api-models"), name="demo", size=TINY)
+
+
+@pytest.fixture
+def real_client(settings: Settings, built_model: Path, enqueued: RecordingEnqueuer) -> Iterator[TestClient]:
+    """The app with the real computation (no token_stats double), models "demo" and "plain"."""
+    (settings.models_dir / "demo").symlink_to(built_model)
+    app = create_app(settings, enqueue=enqueued)
+    with TestClient(app, headers=new_key(app, "acme")) as c:
+        yield c
+    app.state.services.engine.dispose()
+
+
+def _upload(client: TestClient, rows: list[dict[str, Any]], mapping: dict[str, str] | None = None) -> str:
+    form = {"column_mapping": json.dumps(mapping)} if mapping else {}
+    r = client.post("/datasets", files={"file": ("d.jsonl", jsonl(*rows))}, data=form)
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+def _settled(client: TestClient, job_id: str, timeout: float = 90) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = client.get(f"/jobs/{job_id}").json()["token_stats"]
+        if stats["status"] != "pending":
+            return dict(stats)
+        time.sleep(0.2)
+    raise AssertionError("token statistics still pending")
+
+
+def test_stats_are_ready_soon_after_the_job_is_created(real_client: TestClient, built_model: Path) -> None:
+    from training import data
+    from training.model import load_tokenizer
+
+    rows = [{"question": f"{r['instruction']}\n{r['input']}", "answer": r["output"]} for r in ALPACA]
+    dataset_id = _upload(real_client, rows, MAPPING)
+    spec = {"base_model": "demo", "dataset_id": dataset_id, "max_seq_len": 32, "micro_batch_size": 4}
+    r = real_client.post("/jobs", json=spec)
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    assert r.json()["token_stats"]["status"] == "pending"
+
+    stats = _settled(real_client, job_id)
+    assert stats["status"] == "ready" and stats["source"] == "job_created", stats
+    # The numbers training computes, from the stored file read through the upload's column mapping.
+    path = real_client.app.state.services.storage.dataset_path(dataset_id)  # type: ignore[attr-defined]
+    whole = data.tokenize_file(path, load_tokenizer(built_model), MAPPING)
+    want = data.token_stats([len(t.input_ids) for t in whole], 32, "truncate")
+    assert {k: stats[k] for k in want} == want and stats["count"] == len(ALPACA)
+    assert stats["over_max_seq_len"] > 0 and stats["dropped"] == 0
+    assert stats["packing"] is True and stats["examples_per_micro_batch"] > 2  # packs hold many examples
+    assert stats["steps_per_epoch"] == stats["micro_batches_per_epoch"] < len(ALPACA) / 2
+
+    events = [
+        e for e in real_client.get(f"/jobs/{job_id}/events").json()["data"] if e["kind"] == "token_stats"
+    ]
+    assert len(events) == 1 and events[0]["data"]["level"] == "warning"
+    msg = events[0]["message"]
+    assert msg.startswith(f"warning: token statistics: {len(ALPACA)} examples, p50 {want['p50']} / ")
+    assert f"{want['over_max_seq_len']} exceed max_seq_len 32 and will be truncated" in msg
+    assert f"{stats['steps_per_epoch']} steps per epoch" in msg
+
+
+def test_nothing_to_train_on_fails_clearly(real_client: TestClient) -> None:
+    rows = [{"prompt": "a long question " * 8, "completion": "an answer"}] * 3
+    spec = {"base_model": "demo", "dataset_id": _upload(real_client, rows), "max_seq_len": 8}
+    r = real_client.post("/jobs", json=spec)
+    assert r.status_code == 202, r.text
+    stats = _settled(real_client, r.json()["id"])
+    assert stats["status"] == "failed" and stats["error"]["code"] == "invalid_dataset", stats
+    assert "no example has tokens to train on within max_seq_len 8" in stats["error"]["message"]
+    events = real_client.get(f"/jobs/{r.json()['id']}/events").json()["data"]
+    assert events[-1]["kind"] == "token_stats" and "failed (invalid_dataset)" in events[-1]["message"]
+
+
+def test_a_computation_past_the_timeout_is_killed(settings: Settings, built_model: Path) -> None:
+    (settings.models_dir / "demo").symlink_to(built_model)
+    app = create_app(settings.model_copy(update={"token_stats_timeout_seconds": 0.1}), enqueue=lambda _: True)
+    with TestClient(app, headers=new_key(app, "acme")) as client:
+        r = client.post("/jobs", json={"base_model": "demo", "dataset_id": _upload(client, ALPACA[:5])})
+        stats = _settled(client, r.json()["id"], timeout=30)
+    app.state.services.engine.dispose()
+    assert stats["status"] == "failed" and stats["error"]["code"] == "timeout", stats
+
+
+def test_the_request_names_resolved_paths_and_the_uploads_mapping(
+    client: TestClient, token_stats: RecordingTokenStats, settings: Settings
+) -> None:
+    rows = [{"question": "2+2?", "answer": "4"}] * 3
+    dataset_id = _upload(client, rows, MAPPING)
+    r = client.post("/jobs", json={"base_model": "tiny", "dataset_id": dataset_id})
+    assert r.status_code == 202 and r.json()["token_stats"]["status"] == "pending"
+    deadline = time.monotonic() + 10
+    while not token_stats.requests and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (req,) = token_stats.requests
+    assert req.job_id == r.json()["id"] and req.column_mapping == MAPPING
+    assert req.model_dir == settings.models_dir / "tiny"
+    assert req.dataset_path == settings.data_dir / "datasets" / f"{dataset_id}.jsonl"
+    assert json.loads(req.spec_json)["dataset_id"] == dataset_id
+
+
+class Blocking:
+    """Holds the one computation thread until released, then answers `failed`."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def __call__(self, request: StatsRequest, stop: threading.Event) -> dict[str, Any] | None:
+        self.release.wait(10)
+        return {"status": "failed", "error": {"code": "x", "message": "released"}}
+
+
+def test_a_full_queue_answers_busy_and_the_api_stays_responsive(settings: Settings, dataset_id: str) -> None:
+    blocking = Blocking()
+    app = create_app(settings.model_copy(update={"token_stats_max_waiting": 2}), lambda _: True, blocking)
+    with TestClient(app, headers=new_key(app, "acme")) as client:
+        ids = [client.post("/jobs", json={"base_model": "tiny", "dataset_id": dataset_id}).json()["id"]]
+        ids += [client.post("/jobs", json={"base_model": "tiny", "dataset_id": dataset_id}).json()["id"]]
+        busy = client.post("/jobs", json={"base_model": "tiny", "dataset_id": dataset_id}).json()
+        assert busy["token_stats"]["status"] == "failed" and busy["token_stats"]["error"]["code"] == "busy"
+        assert client.get(f"/jobs/{ids[0]}").json()["token_stats"]["status"] == "pending"
+        blocking.release.set()
+        assert _settled(client, ids[1], timeout=10)["error"]["message"] == "released"
+    app.state.services.engine.dispose()

@@ -1,0 +1,107 @@
+"""Training's "start" record fills a job's token statistics the API did not store (its process died,
+timed out or failed), and never replaces ready ones. The training command is a stand-in script."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.settings import Settings
+from core.spec import JobSpec
+from core.storage import new_id
+from models import datasets as datasets_db
+from models import jobs as jobs_db
+from models.db import make_engine, make_session_factory, session_scope
+from models.tenants import get_or_create_tenant
+from worker.runner import JobRunner
+
+START = {
+    "type": "start",
+    "total_steps": 3,
+    "num_examples": 3,
+    "dropped_examples": 1,
+    "resumed_from_step": 0,
+    "token_stats": {
+        "count": 4,
+        "p50": 10,
+        "p95": 70,
+        "max": 70,
+        "over_max_seq_len": 1,
+        "over_length": "drop",
+    },
+}
+
+
+def _start_then_fail(run_json: Path) -> list[str]:
+    """Writes the start record, then fails as training does on bad data (no retry)."""
+    script = (
+        "import json, pathlib, sys; "
+        "out = pathlib.Path(json.loads(pathlib.Path(sys.argv[1]).read_text())['output_dir']); "
+        "out.mkdir(parents=True, exist_ok=True); "
+        f"(out / 'metrics.jsonl').open('a').write(json.dumps({START!r}) + '\\n'); "
+        "(out / 'error.json').write_text(json.dumps({'code': 'invalid_dataset', 'message': 'x'})); "
+        "sys.exit(1)"
+    )
+    return [sys.executable, "-c", script, str(run_json)]
+
+
+@pytest.fixture
+def runner_env(tmp_path: Path, migrated_url: str):  # type: ignore[no-untyped-def]
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    (tmp_path / "models" / "tiny" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        models_dir=tmp_path / "models",
+        database_url=migrated_url,
+        progress_interval_seconds=0.05,
+    )
+    engine = make_engine(migrated_url)
+    sessions = make_session_factory(engine)
+    with session_scope(sessions) as s:
+        tenant = get_or_create_tenant(s, "acme")
+        dataset_id = new_id()
+        report = {"valid": True, "format": "text", "num_examples": 4, "size_bytes": 10, "sha256": "0" * 64}
+        datasets_db.create_dataset(s, tenant.id, dataset_id, "d.jsonl", report)
+        job_id = new_id()
+        spec = JobSpec(base_model="tiny", dataset_id=dataset_id, max_seq_len=64, over_length="drop")
+        jobs_db.create_job(s, tenant.id, job_id, spec)
+    yield JobRunner(settings, sessions, lambda _: True, command=_start_then_fail), sessions, job_id
+    engine.dispose()
+
+
+def _job(sessions, job_id: str) -> tuple[dict[str, Any], list[str]]:  # type: ignore[no-untyped-def]
+    with sessions() as s:
+        job = jobs_db.get_job(s, job_id)
+        events, _ = jobs_db.list_events(s, job_id, 0, 100)
+        return job.token_stats, [e.message for e in events if e.kind == "token_stats"]
+
+
+def test_pending_stats_are_filled_from_the_start_record(runner_env) -> None:  # type: ignore[no-untyped-def]
+    runner, sessions, job_id = runner_env
+    assert runner.run(job_id) == "failed"
+    stats, messages = _job(sessions, job_id)
+    # The micro-batch figures are the API's alone; max_seq_len and packing come from the job's spec.
+    assert stats == {
+        **START["token_stats"],
+        **{"status": "ready", "source": "training_start", "dropped": 1, "max_seq_len": 64, "packing": True},
+    }
+    assert messages == [
+        "warning: token statistics: 4 examples, p50 10 / p95 70 / max 70 tokens; "
+        "1 exceed max_seq_len 64 and will be dropped"
+    ]
+
+
+def test_ready_stats_are_kept(runner_env) -> None:  # type: ignore[no-untyped-def]
+    runner, sessions, job_id = runner_env
+    computed = {**START["token_stats"], "status": "ready", "source": "job_created", "dropped": 1}
+    computed |= {"max_seq_len": 64, "steps_per_epoch": 2, "micro_batches_per_epoch": 2}
+    with session_scope(sessions) as s:
+        assert jobs_db.store_token_stats(s, job_id, computed)
+    runner.run(job_id)
+    stats, messages = _job(sessions, job_id)
+    assert stats["source"] == "job_created" and stats["steps_per_epoch"] == 2
+    assert len(messages) == 1

@@ -1,0 +1,115 @@
+"""`python -m training.token_stats`: a job's token statistics, tokenized exactly as training does.
+
+    python -m training.token_stats --model-dir DIR --dataset FILE --spec SPEC_JSON [--column-mapping JSON]
+
+The spec is the job's JobSpec (the one contract API -> training): max_seq_len, over_length,
+train_on_inputs, packing, micro_batch_size, gradient_accumulation_steps, num_gpus, seed and
+validation_fraction shape the result.
+Prints one JSON object on stdout: training.data.token_stats's fields (count, p50, p95, max,
+over_max_seq_len, over_length) plus max_seq_len, packing, dropped, micro_batches_per_epoch,
+steps_per_epoch and examples_per_micro_batch, and exits 0. On an error it prints
+{"error": {"code", "message"}} and exits 1. Loads the tokenizer only (no weights), never with remote
+code; the API passes paths it resolved from ids, never a user's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+class StatsError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def compute(
+    model_dir: Path, dataset: Path, column_mapping: dict[str, str] | None, spec: Any
+) -> dict[str, Any]:
+    """The statistics of `dataset` for `spec` (a core.spec.JobSpec) against model_dir's tokenizer."""
+    from training import data, evaluate, loop
+
+    tokenizer = _tokenizer(model_dir)
+    whole = data.tokenize_file(dataset, tokenizer, column_mapping, spec.train_on_inputs)
+    stats = data.token_stats([len(t.input_ids) for t in whole], spec.max_seq_len, spec.over_length)
+    items, dropped = data.fit_to_length(whole, spec.max_seq_len, spec.over_length)
+    # The micro-batches training builds: of the training split (as training.run.load_splits makes it).
+    train, _ = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
+    order = loop.epoch_order(spec, [len(t.input_ids) for t in train], 0)
+    return {
+        **stats,
+        "max_seq_len": spec.max_seq_len,
+        "packing": spec.packing,
+        "dropped": dropped,
+        "micro_batches_per_epoch": len(order),
+        # Packed epochs can differ by a micro-batch or so; the first one stands for all.
+        "steps_per_epoch": math.ceil(len(order) / loop.step_micro_batches(spec)),
+        "examples_per_micro_batch": round(len(train) / len(order), 2),
+    }
+
+
+def _tokenizer(model_dir: Path):  # -> PreTrainedTokenizerBase
+    from training.model import load_tokenizer  # local files only, trust_remote_code=False
+
+    try:
+        return load_tokenizer(model_dir)
+    except (OSError, ValueError) as e:
+        # Not the exception text: it names this server's paths.
+        reason = f"{type(e).__name__}; see the server log"
+        raise StatsError("tokenizer_error", f"the base model's tokenizer cannot be loaded ({reason})") from e
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.token_stats", description=__doc__)
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--dataset", type=Path, required=True)
+    parser.add_argument("--spec", required=True, help="the job's JobSpec as JSON")
+    parser.add_argument("--column-mapping", default="null", help="the upload's column mapping as JSON")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network, even by accident
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    out = sys.stdout
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # stdout carries the one JSON answer only
+            result = _run(args)
+    except StatsError as e:
+        traceback.print_exception(e, file=sys.stderr)  # the whole cause, for the server's log
+        print(json.dumps({"error": {"code": e.code, "message": e.message[:2000]}}), file=out)
+        return EXIT_FAILED
+    print(json.dumps(result), file=out)
+    return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
+    from pydantic import ValidationError
+
+    from core.spec import JobSpec
+    from training.data import DatasetError
+
+    try:
+        spec = JobSpec.model_validate_json(args.spec)
+        mapping = json.loads(args.column_mapping)
+    except (ValidationError, ValueError) as e:
+        raise StatsError("invalid_spec", str(e)) from e
+    try:
+        return compute(args.model_dir, args.dataset, mapping, spec)
+    except DatasetError as e:
+        raise StatsError("invalid_dataset", str(e)) from e
+    except StatsError:
+        raise
+    except Exception as e:
+        raise StatsError("token_stats_error", f"{type(e).__name__}: {e}") from e
+
+
+if __name__ == "__main__":
+    sys.exit(main())
