@@ -126,23 +126,22 @@ def packed_attention(
         )
     rows = []
     bounds = _boundaries(query.shape[0], query.shape[2], cu_seq_lens_q, position_ids)
-    # unbind and split, not slices: autograd joins the pieces' gradients with one stack or cat, where
-    # each slice's backward would write a zero tensor the size of the whole batch
-    for q_row, k_row, v_row, row_bounds in zip(
-        query.unbind(0), key.unbind(0), value.unbind(0), bounds, strict=True
-    ):
+    # split, not slices: autograd joins the pieces' gradients with one cat, where each slice's
+    # backward would write a zero tensor the size of the whole batch. Pieces stay 4-D: SDPA's fused
+    # CPU kernel takes only [batch, heads, n, dim] (3-D falls back to the math path, n x n scores kept).
+    rows_qkv = zip(query.split(1), key.split(1), value.split(1), bounds, strict=True)
+    for q_row, k_row, v_row, row_bounds in rows_qkv:
         sizes = [e - s for s, e in pairwise(row_bounds)]
+        pieces = zip(q_row.split(sizes, 2), k_row.split(sizes, 2), v_row.split(sizes, 2), strict=True)
         outs = [
             F.scaled_dot_product_attention(
                 q, k, v, dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=True
-            ).transpose(0, 1)  # [n, heads, dim]: the pieces join straight into the output layout
-            for q, k, v in zip(
-                q_row.split(sizes, 1), k_row.split(sizes, 1), v_row.split(sizes, 1), strict=True
-            )
-            if q.shape[1]
+            ).transpose(1, 2)  # [1, n, heads, dim]: the pieces join straight into the output layout
+            for q, k, v in pieces
+            if q.shape[2]
         ]
-        rows.append(torch.cat(outs))
-    return torch.stack(rows), None
+        rows.append(outs[0] if len(outs) == 1 else torch.cat(outs, dim=1))
+    return (rows[0] if len(rows) == 1 else torch.cat(rows)), None
 
 
 def _boundaries(

@@ -83,18 +83,19 @@ def test_attention_never_crosses_examples(tiny_model: Path, items) -> None:
 
 
 def test_packed_attention_does_no_cross_example_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each SDPA call sees exactly one example: the score work is sum(n_i^2), not T^2."""
-    calls: list[tuple[int, int]] = []
+    """Each SDPA call sees exactly one example: the score work is sum(n_i^2), not T^2. Calls are 4-D,
+    which SDPA's fused CPU kernel needs (3-D inputs take the math path and keep n x n scores)."""
+    calls: list[tuple[int, int, int]] = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def counting(q, k, v, **kw):
-        calls.append((q.shape[-2], k.shape[-2]))
+        calls.append((q.dim(), q.shape[2], k.shape[2]))
         return sdpa(q, k, v, **kw)
 
     q = torch.randn(1, 2, 10, 4)
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting)
     packed_attention(torch.nn.Module(), q, q, q, None, cu_seq_lens_q=torch.tensor([0, 3, 4, 10]))
-    assert calls == [(3, 3), (1, 1), (6, 6)]
+    assert calls == [(4, 3, 3), (4, 1, 1), (4, 6, 6)]
 
 
 def test_a_model_loaded_for_packing_handles_any_batch(tiny_model: Path, items) -> None:
