@@ -69,10 +69,10 @@ def _create_job(spec: JobSpec, services: Services, principal: Principal) -> JSON
             atomic_write_text(services.storage.plan_path(job_id), plan.model_dump_json())
         jobs_db.mark_enqueued(s, job_id)
         stats = request_for(s, services.catalog, services.storage, job_id, spec, principal.tenant_id)
-    services.enqueue(job_id)  # if the broker is down the reaper re-sends it; the job is safe in the DB
     services.token_stats.submit(stats)  # in the background: the job is committed, "pending" until then
-    with services.sessions() as s:
+    with services.sessions() as s:  # read before the wake-up: the answer is the job as accepted, queued
         out = job_out(_get(s, job_id, principal))
+    services.enqueue(job_id)  # if the broker is down the reaper re-sends it; the job is safe in the DB
     return JSONResponse(out.model_dump(mode="json"), 202, headers={"Location": f"/jobs/{job_id}"})
 
 
