@@ -43,7 +43,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core.spec import JobSpec
 from training.data import IGNORE, Tokenized
 from training.demo import build_demo_model
-from training.host_memory import reuse_freed_memory
 from training.loop import Position, Trainer, make_optimizer, total_steps, train_step
 from training.model import load_model, trainable_parameters
 
@@ -129,14 +128,7 @@ def main() -> None:
     ap.add_argument("--examples", type=int, default=4000)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--modes", nargs="*", default=["padded", "packed", "packed-dense", "padded-random"])
-    ap.add_argument(
-        "--default-malloc",
-        action="store_true",
-        help="leave glibc malloc as it is (training.run keeps freed memory: training.host_memory)",
-    )
     args = ap.parse_args()
-    if not args.default_malloc:
-        reuse_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -30,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core.spec import JobSpec
 from training.data import Tokenized
 from training.demo import DemoSize, build_demo_model
-from training.host_memory import reuse_freed_memory
 from training.loop import Position, Trainer, make_optimizer, train_step
 from training.memory import PeakMemory, model_state_tensors
 from training.model import load_model, trainable_parameters
@@ -116,14 +115,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--models", nargs="*", default=list(SIZES))
-    parser.add_argument(
-        "--default-malloc",
-        action="store_true",
-        help="leave glibc malloc as it is (training.run keeps freed memory: training.host_memory)",
-    )
     args = parser.parse_args()
-    if not args.default_malloc:
-        reuse_freed_memory()
 
     from transformers.utils import logging as hf_logging
 

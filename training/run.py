@@ -34,9 +34,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network, even by accident
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from training.host_memory import reuse_freed_memory
-
-    reuse_freed_memory()  # before torch allocates: each step's activations reuse the last step's pages
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     from core.spec import RunConfig
 
