@@ -8,12 +8,9 @@ fills it from training's start record (worker.runner).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -38,8 +35,6 @@ from models.db import session_scope
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.25  # how soon a shutdown or the timeout kills a running computation
-NICENESS = 10  # tokenizing is batch work; requests come first
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -139,9 +134,9 @@ def subprocess_compute(timeout_seconds: float) -> Compute:
             "--column-mapping", json.dumps(request.column_mapping),
         ]  # fmt: skip
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_in_child
-        )
+        # No preexec_fn (unsafe in a threaded server): the child lowers its own priority and ties
+        # itself to this process (training.token_stats.detach_from_requests).
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         deadline = time.monotonic() + timeout_seconds
         while True:
             try:
@@ -183,21 +178,3 @@ def parse_output(job_id: str, returncode: int, stdout: str, stderr: str) -> dict
     else:
         log.warning("job %s: token statistics exited with %d\n%s", job_id, returncode, stderr[-4000:])
     return failed("token_stats_error", f"token statistics exited with code {returncode}; see the server log")
-
-
-def _libc() -> Any:
-    with contextlib.suppress(OSError, AttributeError):
-        return ctypes.CDLL(None, use_errno=True)
-    return None
-
-
-_LIBC = _libc()  # loaded here: the child after fork should only make plain calls
-
-
-def _in_child() -> None:
-    """Runs in the child: lower its priority, and SIGTERM it if this thread's process dies (Linux)."""
-    with contextlib.suppress(OSError):
-        os.nice(NICENESS)
-    if _LIBC is not None:
-        with contextlib.suppress(AttributeError):
-            _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

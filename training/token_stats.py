@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import math
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
 from typing import Any
 
 EXIT_OK, EXIT_FAILED = 0, 1
+NICENESS = 10  # below the API's requests
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class StatsError(Exception):
@@ -90,6 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
+def detach_from_requests() -> None:
+    """Tokenizing is batch work beside an API: lower this process's priority, and (Linux) have it
+    SIGTERMed if the API process that started it dies."""
+    with contextlib.suppress(OSError):
+        os.nice(NICENESS)
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        sys.exit(EXIT_FAILED)
+
+
 def _run(args: argparse.Namespace) -> dict[str, Any]:
     from pydantic import ValidationError
 
@@ -112,4 +130,5 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    detach_from_requests()
     sys.exit(main())
