@@ -1,9 +1,11 @@
-"""Running summaries of an upload: its sha256 (hashed beside parsing) and constant-memory example stats."""
+"""Running summaries of an upload: its sha256 (hashed beside parsing), constant-memory example stats,
+and the exact duplicate count (8 bytes per example)."""
 
 from __future__ import annotations
 
 import hashlib
 import random
+from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -47,6 +49,33 @@ class StreamSha256:
         if self._busy is not None:
             self._busy.result()
             self._busy = None
+
+
+class DuplicateCounter:
+    """Counts examples whose 64-bit hash equals an earlier one's, keeping 8 bytes per example.
+
+    A set of Python ints costs ~90 bytes per example (150 MB for a 1 GB file of short lines); a flat
+    array of the hashes, sorted in place once at the end, counts the same with a tenth of that.
+    """
+
+    def __init__(self) -> None:
+        self._hashes = array("q")
+        self._count: int | None = None
+
+    def add(self, digest: int) -> None:
+        self._hashes.append(digest)
+
+    def count(self) -> int:
+        """Examples minus distinct hashes. The first call sorts and frees the hashes; add() then ends."""
+        if self._count is None:
+            import numpy as np  # only here: core stays fast to import
+
+            hashes = np.frombuffer(self._hashes, dtype=np.int64)
+            hashes.sort()  # in place, in the array's own buffer: no copy
+            self._count = int(np.count_nonzero(hashes[1:] == hashes[:-1]))
+            del hashes
+            self._hashes = array("q")
+        return self._count
 
 
 class ExampleStats:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from core.data import DatasetReport, DatasetValidator, validate_file
+from core.data_stats import DuplicateCounter
 from core.errors import InvalidInput
 from core.examples import read_examples
 
@@ -323,6 +324,16 @@ def test_chat_duplicates_consider_weights() -> None:
     assert weighted != CHAT
     r = report(jsonl(CHAT, CHAT, weighted))
     assert r.duplicates == 1
+
+
+def test_duplicate_counter_counts_repeats_of_earlier_hashes_once_each() -> None:
+    counter = DuplicateCounter()
+    hashes = [5, -3, 5, 2**63 - 1, -(2**63), 5, -3, 0]
+    for h in hashes:
+        counter.add(h)
+    assert counter.count() == len(hashes) - len(set(hashes)) == 3
+    assert counter.count() == 3  # sorted and freed once; the answer is kept
+    assert DuplicateCounter().count() == 0
 
 
 def test_column_mapping(tmp_path: Path) -> None:
