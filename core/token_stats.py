@@ -42,6 +42,10 @@ class TokenStats(BaseModel):
     micro_batches_per_epoch: int | None = None
     steps_per_epoch: int | None = Field(None, description="Optimizer steps in the first epoch.")
     examples_per_micro_batch: float | None = Field(None, description="Mean examples per micro-batch.")
+    run_epochs: float | None = Field(
+        None,
+        description="Passes over the training data the run makes: epochs, or max_steps / steps_per_epoch.",
+    )
     source: Literal["job_created", "training_start"] | None = Field(
         None, description="job_created: computed at submission; training_start: from training's start."
     )
@@ -62,7 +66,7 @@ def needs_attention(stats: TokenStats) -> bool:
 
 def summary(stats: TokenStats) -> str:
     """e.g. "token statistics: 200 examples, p50 83 / p95 160 / max 240 tokens; 0 exceed max_seq_len
-    512 (truncate); packed: ~14 examples per micro-batch, 15 steps per epoch"."""
+    512 (truncate); packed: ~14 examples per micro-batch, 15 steps per epoch; the run makes ~4 epochs"."""
     over, limit = stats.over_max_seq_len or 0, stats.max_seq_len
     lengths = f"{stats.count} examples, p50 {stats.p50} / p95 {stats.p95} / max {stats.max} tokens"
     if over:
@@ -77,5 +81,7 @@ def summary(stats: TokenStats) -> str:
         kind = "packed" if stats.packing else "padded"
         per = f"{stats.examples_per_micro_batch:.3g}"
         parts.append(f"{kind}: ~{per} examples per micro-batch, {stats.steps_per_epoch} steps per epoch")
+    if stats.run_epochs is not None:
+        parts.append(f"the run makes ~{stats.run_epochs:.3g} epochs")
     text = "token statistics: " + "; ".join(parts)
     return f"warning: {text}" if needs_attention(stats) else text

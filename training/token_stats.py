@@ -7,7 +7,7 @@ train_on_inputs, packing, micro_batch_size, gradient_accumulation_steps, num_gpu
 validation_fraction shape the result.
 Prints one JSON object on stdout: training.data.token_stats's fields (count, p50, p95, max,
 over_max_seq_len, over_length) plus max_seq_len, packing, dropped, micro_batches_per_epoch,
-steps_per_epoch and examples_per_micro_batch, and exits 0. On an error it prints
+steps_per_epoch, examples_per_micro_batch and run_epochs, and exits 0. On an error it prints
 {"error": {"code", "message"}} and exits 1. Loads the tokenizer only (no weights), never with remote
 code; the API passes paths it resolved from ids, never a user's.
 """
@@ -50,15 +50,18 @@ def compute(
     # The micro-batches training builds: of the training split (as training.run.load_splits makes it).
     train, _ = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
     order = loop.epoch_order(spec, [len(t.input_ids) for t in train], 0)
+    # Packed epochs can differ by a micro-batch or so; the first one stands for all.
+    steps_per_epoch = math.ceil(len(order) / loop.step_micro_batches(spec))
     return {
         **stats,
         "max_seq_len": spec.max_seq_len,
         "packing": spec.packing,
         "dropped": dropped,
         "micro_batches_per_epoch": len(order),
-        # Packed epochs can differ by a micro-batch or so; the first one stands for all.
-        "steps_per_epoch": math.ceil(len(order) / loop.step_micro_batches(spec)),
+        "steps_per_epoch": steps_per_epoch,
         "examples_per_micro_batch": round(len(train) / len(order), 2),
+        # A packed step holds many examples, so max_steps can be many more epochs than it looks.
+        "run_epochs": round(spec.max_steps / steps_per_epoch, 2) if spec.max_steps else spec.epochs,
     }
 
 

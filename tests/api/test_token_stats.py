@@ -64,7 +64,7 @@ def test_stats_are_ready_soon_after_the_job_is_created(real_client: TestClient, 
     rows = [{"question": f"{r['instruction']}\n{r['input']}", "answer": r["output"]} for r in ALPACA]
     dataset_id = _upload(real_client, rows, MAPPING)
     spec = {"base_model": "demo", "dataset_id": dataset_id, "max_seq_len": 32, "micro_batch_size": 4}
-    r = real_client.post("/jobs", json=spec)
+    r = real_client.post("/jobs", json=spec | {"max_steps": 100})
     assert r.status_code == 202, r.text
     job_id = r.json()["id"]
     assert r.json()["token_stats"]["status"] == "pending"
@@ -79,6 +79,7 @@ def test_stats_are_ready_soon_after_the_job_is_created(real_client: TestClient, 
     assert stats["over_max_seq_len"] > 0 and stats["dropped"] == 0
     assert stats["packing"] is True and stats["examples_per_micro_batch"] > 2  # packs hold many examples
     assert stats["steps_per_epoch"] == stats["micro_batches_per_epoch"] < len(ALPACA) / 2
+    assert stats["run_epochs"] == round(100 / stats["steps_per_epoch"], 2) > 1  # max_steps in packed steps
 
     events = [
         e for e in real_client.get(f"/jobs/{job_id}/events").json()["data"] if e["kind"] == "token_stats"
@@ -87,7 +88,9 @@ def test_stats_are_ready_soon_after_the_job_is_created(real_client: TestClient, 
     msg = events[0]["message"]
     assert msg.startswith(f"warning: token statistics: {len(ALPACA)} examples, p50 {want['p50']} / ")
     assert f"{want['over_max_seq_len']} exceed max_seq_len 32 and will be truncated" in msg
-    assert f"{stats['steps_per_epoch']} steps per epoch" in msg
+    assert (
+        f"{stats['steps_per_epoch']} steps per epoch; the run makes ~{stats['run_epochs']:.3g} epochs" in msg
+    )
 
 
 def test_nothing_to_train_on_fails_clearly(real_client: TestClient) -> None:

@@ -38,6 +38,9 @@ def _expected(tokenizer, dataset: Path, spec: JobSpec) -> dict[str, Any]:
         "micro_batches_per_epoch": len(batches),
         "steps_per_epoch": math.ceil(len(batches) / per_step),
         "examples_per_micro_batch": round(len(train) / len(batches), 2),
+        "run_epochs": round(spec.max_steps / math.ceil(len(batches) / per_step), 2)
+        if spec.max_steps
+        else spec.epochs,
         "train_examples": len(train),
     }
 
