@@ -66,7 +66,7 @@ class DuplicateCounter:
         self._hashes.append(digest)
 
     def count(self) -> int:
-        """Examples minus distinct hashes. The first call sorts and frees the hashes; add() then ends."""
+        """Examples minus distinct hashes. The first call sorts and frees the hashes; the count is kept."""
         if self._count is None:
             import numpy as np  # only here: core stays fast to import
 
