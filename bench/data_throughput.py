@@ -1,7 +1,10 @@
 """Throughput and memory of streaming dataset validation (core/data.py) on a generated JSONL file.
 
     .venv/bin/python bench/data_throughput.py [--mb 200] [--format chat] [--chunk-kb 1024] [--runs 3]
-        [--non-ascii 0.2]
+        [--non-ascii 0.2] [--no-http]
+
+`--format shortest` writes lines like {"text": "1f"}: millions of examples per 100 MB, the worst case
+for what validation keeps per example (the duplicate count: 8 bytes each, spilled to disk past 4M).
 
 Generates the file into a temp dir (streamed, so generation itself stays small), then validates it in
 fresh child processes, so that each child's peak RSS measures validation alone. Other work on the machine
@@ -68,6 +71,8 @@ def _example(rng: random.Random, fmt: str, i: int, non_ascii: float) -> dict[str
         return {"messages": messages}
     if fmt == "instruction":
         return {"instruction": f"#{i} {para()}", "input": "", "output": para()}
+    if fmt == "shortest":  # the most examples per MB: the worst case for per-example memory and time
+        return {"text": f"{i:x}"}
     if fmt == "prompt_completion":
         return {"prompt": f"#{i} {para()}", "completion": para()}
     return {"text": f"#{i} {para()}"}
@@ -94,7 +99,10 @@ def child(path: Path, chunk_kb: int) -> None:
     """Validate in this (fresh) process; print seconds, RSS growth and the report as JSON."""
     from core.data import DatasetValidator
 
-    validator = DatasetValidator(max_line_bytes=1 << 20, min_examples=1, max_problems=50)
+    # As the API does it: the duplicate count may spill to a directory beside the data.
+    validator = DatasetValidator(
+        max_line_bytes=1 << 20, min_examples=1, max_problems=50, spill_dir=path.parent
+    )
     before = _peak_rss_mb()
     start = time.perf_counter()
     with path.open("rb") as f:
@@ -177,7 +185,9 @@ def upload_over_http(path: Path, tmp: Path, chunk_kb: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--mb", type=int, default=200)
-    ap.add_argument("--format", default="chat", choices=("chat", "instruction", "prompt_completion", "text"))
+    ap.add_argument(
+        "--format", default="chat", choices=("chat", "instruction", "prompt_completion", "text", "shortest")
+    )
     ap.add_argument("--chunk-kb", type=int, default=1024)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--non-ascii", type=float, default=0.2, help="share of turns with a non-ASCII word")

@@ -3,7 +3,8 @@
 The API feeds each uploaded chunk to `DatasetValidator.feed` as it arrives and calls `finish` at the end.
 One pass, memory bounded by the chunk passed in, plus `max_line_bytes` for a line that spans chunks (a
 longer line is counted and skipped, never buffered whole), plus the exact duplicate count: one 64-bit
-hash per example, 8 bytes in a flat array (0.8 MB per 100k examples; core.data_stats.DuplicateCounter).
+hash per example, 8 bytes in a flat array, spilled to `spill_dir` past 4M of them
+(core.data_stats.DuplicateCounter).
 
 Formats (see core/examples.py): chat, instruction, prompt_completion, text. The file's format is the
 format of its first line that has one; a line in another format is a `mixed_formats` problem.
@@ -77,7 +78,9 @@ class DatasetValidator:
         min_examples: int,
         max_problems: int,
         column_mapping: dict[str, str] | None = None,
+        spill_dir: Path | None = None,
     ) -> None:
+        """spill_dir: where the duplicate count may spill its hashes past a bound (DuplicateCounter)."""
         self.max_line_bytes = max_line_bytes
         self.min_examples = min_examples
         self.max_problems = max_problems
@@ -94,7 +97,7 @@ class DatasetValidator:
         self._format: Format | None = None
         self._format_line = 0
         self._examples = 0
-        self._duplicates = DuplicateCounter()
+        self._duplicates = DuplicateCounter(spill_dir)
         self._problems: list[Problem] = []
         self._counts: dict[str, int] = {}
         self._stats = ExampleStats()
@@ -102,13 +105,14 @@ class DatasetValidator:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, column_mapping: dict[str, str] | None = None
+        cls, settings: Settings, column_mapping: dict[str, str] | None = None, spill_dir: Path | None = None
     ) -> DatasetValidator:
         return cls(
             max_line_bytes=settings.max_line_bytes,
             min_examples=settings.min_examples,
             max_problems=settings.max_reported_problems,
             column_mapping=column_mapping,
+            spill_dir=spill_dir,
         )
 
     # ---- byte stream -> lines

@@ -116,12 +116,7 @@ async def _receive_and_validate(
 ) -> tuple[str, dict[str, Any]]:
     settings = services.settings
     mapping = parse_column_mapping(request.query_params.get("column_mapping"))
-    limits = dict(
-        max_line_bytes=settings.max_line_bytes,
-        min_examples=settings.min_examples,
-        max_problems=settings.max_reported_problems,
-    )
-    validator = DatasetValidator(**limits, column_mapping=mapping)
+    validator = DatasetValidator.from_settings(settings, mapping, spill_dir=tmp.parent)
     sink = FileSink(tmp, validator.feed, max_bytes)
     try:
         upload = await receive(request, sink, settings.upload_idle_timeout_seconds)
@@ -130,7 +125,7 @@ async def _receive_and_validate(
     if mapping is None and "column_mapping" in upload.fields:
         # A mapping sent as a form field is known only once the form is parsed: validate again from disk.
         mapping = parse_column_mapping(upload.fields["column_mapping"])
-        validator = DatasetValidator(**limits, column_mapping=mapping)
+        validator = DatasetValidator.from_settings(settings, mapping, spill_dir=tmp.parent)
         with tmp.open("rb") as f:
             while chunk := f.read(1 << 20):
                 validator.feed(chunk)

@@ -326,14 +326,17 @@ def test_chat_duplicates_consider_weights() -> None:
     assert r.duplicates == 1
 
 
-def test_duplicate_counter_counts_repeats_of_earlier_hashes_once_each() -> None:
-    counter = DuplicateCounter()
-    hashes = [5, -3, 5, 2**63 - 1, -(2**63), 5, -3, 0]
+@pytest.mark.parametrize("spill", [False, True])
+def test_duplicate_counter_counts_repeats_of_earlier_hashes_once_each(spill: bool, tmp_path: Path) -> None:
+    counter = DuplicateCounter(tmp_path if spill else None, max_in_memory=3)
+    hashes = [5, -3, 5, 2**63 - 1, -(2**63), 5, -3, 0, 2**63 - 1, 7]
     for h in hashes:
         counter.add(h)
-    assert counter.count() == len(hashes) - len(set(hashes)) == 3
-    assert counter.count() == 3  # sorted and freed once; the answer is kept
-    assert DuplicateCounter().count() == 0
+    assert [p.name.startswith("duplicates-") for p in tmp_path.iterdir()] == ([True] if spill else [])
+    assert counter.count() == len(hashes) - len(set(hashes)) == 4
+    assert counter.count() == 4  # counted and freed once; the answer is kept
+    assert list(tmp_path.iterdir()) == []  # the spilled hashes are gone
+    assert DuplicateCounter(tmp_path).count() == 0
 
 
 def test_column_mapping(tmp_path: Path) -> None:

@@ -4,12 +4,14 @@ changes the report, and whatever passes is what the trainer reads back."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from core.data import DatasetReport, DatasetValidator
+from core.data_stats import DuplicateCounter
 from core.examples import read_examples
 from tests.core.test_data import LIMITS, feed, jsonl
 
@@ -91,6 +93,19 @@ chat_lines = st.builds(
 instruction_lines = st.fixed_dictionaries(
     {"instruction": nonblank, "output": nonblank}, optional={"input": st.text(max_size=5), "id": json_values}
 )
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    hashes=st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-3, 3), max_size=60),
+    bound=st.integers(1, 9),
+)
+def test_duplicate_counts_spilled_or_not_are_exact(hashes: list[int], bound: int, tmp_path: Path) -> None:
+    spilling, in_memory = DuplicateCounter(tmp_path, max_in_memory=bound), DuplicateCounter()
+    for h in hashes:
+        spilling.add(h)
+        in_memory.add(h)
+    assert spilling.count() == in_memory.count() == len(hashes) - len(set(hashes))
 
 
 @settings(max_examples=100, deadline=None)
