@@ -22,7 +22,7 @@ attention scores computed / scores needed (sum of n_i^2 over examples); tok/s = 
 second and per process-CPU second (all threads). On a shared machine wall time swings a lot between
 runs; `--threads 1` with the CPU column is the steadiest comparison.
 
-What to expect on a 2-core CPU (2026-11-23, 20 steps, idle machine): packed ~2.0x padded, 1.0-1.1x
+What to expect on a 2-core CPU (2026-11-23, 20 steps, idle machine): packed 1.85-2.0x padded, 1.0-1.1x
 grouped, 2.1-2.3x packed-dense. Skipping padding can give at most slots / real tokens (printed as 'padding
 alone'): ~2x over plain padded batches, but only 1.03x over length-grouped ones, which pad ~3%. A real
 token costs the same in grouped and packed batches (matmuls are ~half of the step either way), so
