@@ -117,6 +117,12 @@ class DatasetValidator:
 
     # ---- byte stream -> lines
 
+    def feed_file(self, path: Path) -> None:
+        """Feed a whole file, chunk by chunk."""
+        with path.open("rb") as f:
+            while chunk := f.read(READ_CHUNK):
+                self.feed(chunk)
+
     def feed(self, chunk: bytes) -> None:
         if self._report is not None:
             raise RuntimeError("feed() after finish()")
@@ -303,7 +309,5 @@ def validate_file(
         max_problems=max_problems,
         column_mapping=column_mapping,
     )
-    with path.open("rb") as f:
-        while chunk := f.read(READ_CHUNK):
-            validator.feed(chunk)
+    validator.feed_file(path)
     return validator.finish()

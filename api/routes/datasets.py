@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from api.auth import PrincipalDep, scope
 from api.deps import Services, ServicesDep, SessionDep
@@ -122,14 +123,13 @@ async def _receive_and_validate(
         upload = await receive(request, sink, settings.upload_idle_timeout_seconds)
     finally:
         sink.close()
+    # Off the event loop: finishing sorts the duplicate hashes, and a re-validation reads the whole file.
     if mapping is None and "column_mapping" in upload.fields:
         # A mapping sent as a form field is known only once the form is parsed: validate again from disk.
         mapping = parse_column_mapping(upload.fields["column_mapping"])
         validator = DatasetValidator.from_settings(settings, mapping, spill_dir=tmp.parent)
-        with tmp.open("rb") as f:
-            while chunk := f.read(1 << 20):
-                validator.feed(chunk)
-    report = validator.finish().model_dump(mode="json")
+        await run_in_threadpool(validator.feed_file, tmp)
+    report = (await run_in_threadpool(validator.finish)).model_dump(mode="json")
     report["column_mapping"] = mapping
     return upload.filename, report
 
