@@ -20,6 +20,7 @@ from typing import Any
 
 from core.arch import Architecture
 from core.gpus import Gpu
+from core.planner import FTUNE, Runtime, Suggestion, estimate
 from core.spec import JobSpec
 
 MAX_SUGGESTIONS = 8
@@ -77,10 +78,10 @@ def _levers(spec: JobSpec) -> list[list[Option]]:
     return levers
 
 
-def suggestions(spec: JobSpec, arch: Architecture, gpu: Gpu, runtime=None) -> list:
+def suggestions(
+    spec: JobSpec, arch: Architecture, gpu: Gpu, runtime: Runtime | None = None
+) -> list[Suggestion]:
     """Fitting alternatives to `spec`, cheapest first (see the module docstring)."""
-    from core.planner import FTUNE, Suggestion, _estimate
-
     runtime = runtime or FTUNE
 
     levers = _levers(spec)
@@ -96,11 +97,11 @@ def suggestions(spec: JobSpec, arch: Architecture, gpu: Gpu, runtime=None) -> li
         key = tuple(sorted(choice.items()))
         if key not in cache:
             new = spec.model_copy(update=merged(choice))
-            plan = _estimate(new, arch, gpu, None, runtime)
+            plan = estimate(new, arch, gpu, suggest=False, runtime=runtime)
             cache[key] = (plan.fits, plan.total_bytes)
         return cache[key]
 
-    found: list[tuple[float, int, Any]] = []
+    found: list[tuple[float, int, Suggestion]] = []
     fitting: list[set[int]] = []
     for size in range(1, len(levers) + 1):
         for subset in combinations(range(len(levers)), size):

@@ -1,0 +1,112 @@
+"""What every section of the memory model counts with, derived once per plan: the dtypes (names and bytes
+per value) of weights, activations, trainable parameters and optimizer states, the trainable parameters
+and the tokens of a micro-batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.arch import Architecture, LinearModule
+from core.gpus import Gpu
+from core.memory import DTYPE_BYTES
+from core.planner_types import Runtime
+from core.spec import JobSpec
+
+
+def compute_dtype(spec: JobSpec, arch: Architecture, gpu: Gpu) -> str:
+    """mixed_precision auto: bf16 autocast, fp16 on GPUs without bf16; "no": the storage dtype."""
+    mp = spec.mixed_precision
+    if mp == "auto":
+        return "bfloat16" if gpu.bf16_supported else "float16"
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(mp, storage_dtype(spec, arch))
+
+
+def storage_dtype(spec: JobSpec, arch: Architecture | None) -> str:
+    """torch_dtype "auto" loads what config.json says (transformers' rule), float32 when it says nothing."""
+    if spec.torch_dtype != "auto":
+        return spec.torch_dtype
+    return (arch.config_dtype if arch else None) or "float32"
+
+
+@dataclass(frozen=True)
+class Context:
+    """One plan's inputs and the values derived from them that more than one section of the model uses."""
+
+    spec: JobSpec
+    arch: Architecture
+    runtime: Runtime
+    cpu: bool  # a CPU worker's RAM: no CUDA context, no caching allocator
+    full: bool  # method "full": every parameter is trained
+    lora: tuple[tuple[LinearModule, int], ...]  # linears peft wraps, each with its number of layers
+    trainable: int  # trainable parameters
+    tokens: int  # per micro-batch: sequences are padded to max_seq_len
+    shard: str  # note suffix of the terms FSDP divides over the GPUs
+    store: str  # dtype of the base weights in memory
+    store_b: int
+    compute: str  # what autocast casts to
+    compute_b: int
+    half_model: bool  # the framework runs the whole model in half precision, without autocast
+    fp32_upcast: bool  # QLoRA's unquantized layers cast to fp32 (Runtime.kbit_fp32_upcast)
+    autocast: bool
+    act_b: int  # bytes per activation value
+    lora_act_b: int  # bytes per value the LoRA branch saves when it differs from act_b, else 0
+    trainable_b: int  # bytes per trainable parameter, and per gradient (it has its parameter's dtype)
+    master_b: int  # bytes per fp32 master copy of a trainable parameter, 0: none
+    state_b: int  # bytes per AdamW state value
+
+
+def plan_context(spec: JobSpec, arch: Architecture, gpu: Gpu, runtime: Runtime) -> Context:
+    n = spec.num_gpus
+    method = spec.method
+    cpu = gpu.kind == "cpu"
+    # the engine loads QLoRA's unquantized layers (and dequantizes) in its device dtype (training.model)
+    store = ("float32" if cpu else "bfloat16") if method == "qlora" else storage_dtype(spec, arch)
+    cdt = compute_dtype(spec, arch, gpu)
+    half_model = runtime.half_model_master and cdt != "float32"
+    if half_model:
+        store = cdt  # the framework casts the whole model to its half dtype and runs it without autocast
+    sb = DTYPE_BYTES[store]
+    autocast = spec.mixed_precision != "no" and cdt != "float32" and not half_model
+    ce = DTYPE_BYTES[cdt]  # what autocast casts to
+    e = ce if autocast else sb
+    lora_b = 0
+    if method == "qlora" and cpu:
+        # on a CPU the engine loads QLoRA in fp32 and bitsandbytes computes in fp32: the activations stay
+        # fp32; autocast only casts the LoRA branch
+        e, lora_b = 4, (ce if autocast else 0)
+    if half_model:
+        lora_b = e  # the adapters are half precision too: lora_A reads (and saves) a half-precision input
+    full = method == "full"
+    lora = () if full else tuple(arch.lora_targets(spec.lora_target_modules))
+    if full:
+        trainable, trainable_b = arch.total_params, sb
+        master = 4 if (spec.master_weights and sb < 4) else 0
+        state_b = 4 if (master or sb == 4) else sb
+    else:
+        trainable = sum(spec.lora_r * (m.in_features + m.out_features) * k for m, k in lora)
+        # peft keeps adapters in fp32; a half model's framework casts them and keeps fp32 master copies
+        trainable_b = sb if half_model else 4
+        master, state_b = (4 if half_model else 0), 4
+    return Context(
+        spec=spec,
+        arch=arch,
+        runtime=runtime,
+        cpu=cpu,
+        full=full,
+        lora=lora,
+        trainable=trainable,
+        tokens=spec.micro_batch_size * spec.max_seq_len,
+        shard=f" / {n} GPUs (FSDP shard)" if n > 1 else "",
+        store=store,
+        store_b=sb,
+        compute=cdt,
+        compute_b=ce,
+        half_model=half_model,
+        fp32_upcast=method == "qlora" and runtime.kbit_fp32_upcast,
+        autocast=autocast,
+        act_b=e,
+        lora_act_b=lora_b,
+        trainable_b=trainable_b,
+        master_b=master,
+        state_b=state_b,
+    )

@@ -1,0 +1,239 @@
+"""Forward/backward transients: activations saved for backward, autocast and dequantized weight copies,
+framework gradient buckets, the larger of the loss and a layer's backward, and FSDP's unsharded units."""
+
+from __future__ import annotations
+
+from core.gpus import MiB
+from core.memory import (
+    ActivationSetup,
+    backward_working_bytes_per_token,
+    dequant_excess_bytes,
+    layer_saved_bytes_per_token,
+    logits_bytes_per_token,
+    nf4_bytes,
+    unpack_excess_bytes,
+)
+from core.planner_context import Context
+from core.planner_types import Term, idle
+
+NCCL_BYTES = 300 * MiB  # NCCL communicator buffers when num_gpus > 1
+
+
+def forward_backward_terms(c: Context) -> list[Term]:
+    activations, layer_bytes = _activations(c)
+    terms = [activations]
+    if c.autocast and c.compute_b < 4 and (not c.full or c.store_b == 4):
+        terms.append(
+            Term(
+                name="autocast weight copies",
+                bytes=c.trainable * c.compute_b // c.spec.num_gpus,
+                note=(f"fp32 trainable weights cast to {c.compute} and cached for the forward/backward"),
+            )
+        )
+    block_copy, copy_why = _block_weight_copy(c)
+    if block_copy and not c.spec.gradient_checkpointing:
+        terms.append(
+            Term(
+                name="frozen weight copies kept by matmuls",
+                bytes=c.arch.num_layers * block_copy,
+                note=f"every block linear's {copy_why}, saved by its matmul for the input gradient",
+            )
+        )
+    if c.runtime.grad_bucket_bytes:
+        terms.append(
+            Term(
+                name="framework gradient buckets",
+                bytes=c.runtime.grad_bucket_bytes,
+                note="kept by the training framework through backward (e.g. DeepSpeed ZeRO-2 reduce buckets)",
+            )
+        )
+    # Backward first runs the loss (all activations still alive), then the blocks one at a time, after
+    # the vocab-sized buffers are freed: the peak is the larger of the two, the other is listed at 0.
+    loss_phase = _loss_phase(c)
+    layer_phase = _layer_phase(c, layer_bytes, block_copy, copy_why)
+    loss_total, layer_total = sum(t.bytes for t in loss_phase), sum(t.bytes for t in layer_phase)
+    if loss_total >= layer_total:
+        terms += loss_phase + idle(layer_phase, "the loss at backward start is larger")
+    else:
+        terms += idle(loss_phase, "a layer's backward is larger") + layer_phase
+    if c.spec.num_gpus > 1:
+        terms += _fsdp_terms(c)
+    return terms
+
+
+def loss_buffer_bytes(c: Context) -> int:
+    """The vocab-sized buffers of the logits and the loss (see core.memory.logits_bytes_per_token)."""
+    return c.tokens * logits_bytes_per_token(c.arch, c.act_b, c.runtime.loss_fp32)
+
+
+def _activations(c: Context) -> tuple[Term, int]:
+    """What forward saves for backward, and one layer's share (which a recomputed layer holds again)."""
+    spec, arch, tokens = c.spec, c.arch, c.tokens
+    b, s = spec.micro_batch_size, spec.max_seq_len
+    h = arch.hidden_size
+    setup = ActivationSetup(
+        compute_bytes=c.act_b,
+        autocast=c.autocast,
+        full=c.full,
+        lora=c.lora,
+        lora_r=spec.lora_r,
+        lora_dropout=spec.lora_dropout > 0,
+        attn=spec.attn_implementation,
+        kv_repeated=spec.attn_implementation == "sdpa" and b > 1,
+        seq_len=s,
+        mask_bytes=4 if c.cpu else 1,  # a CPU dropout keeps a mask in the fp32 adapter dtype
+        lora_bytes=c.lora_act_b,
+    )
+    per_layer, parts = layer_saved_bytes_per_token(arch, setup)
+    layer_bytes = int(per_layer * tokens)
+    res_b = 4 if c.fp32_upcast else c.act_b  # dtype of the residual stream between blocks
+    final_norm = 4 * h * tokens  # the final norm keeps its fp32 input
+    if spec.gradient_checkpointing:
+        act = arch.num_layers * res_b * h * tokens + final_norm
+        act_note = (
+            f"checkpointing: each of {arch.num_layers} layers keeps its input ({res_b} B x hidden x "
+            f"{tokens} tokens) + the final norm's fp32 input"
+        )
+    else:
+        act = arch.num_layers * layer_bytes + final_norm
+        act_note = f"{arch.num_layers} layers x {tokens} tokens x {per_layer:,.0f} B/token + final norm"
+    act_note += f"; per layer B/token: {', '.join(parts)}; sequences padded to max_seq_len"
+    return Term(name="activations", bytes=int(act), note=act_note), layer_bytes
+
+
+# Autocast casts frozen fp32 weights to the compute dtype at each use; the matmul keeps that copy for
+# the input gradient. Block linears: every layer's without checkpointing, one layer's with it.
+def _frozen_cast(c: Context) -> bool:
+    return c.autocast and c.compute_b < 4 and not c.full
+
+
+def _dequant_kept(c: Context) -> bool:
+    """QLoRA whose dequantized weights the matmuls save (Runtime.dequant_saved: auto-gptq)."""
+    return c.spec.method == "qlora" and c.runtime.dequant_saved
+
+
+def _block_weight_copy(c: Context) -> tuple[int, str]:
+    """Bytes of one layer's frozen block-linear weight copies kept for backward (0: none), and why."""
+    block_copy = 0
+    copy_why = ""
+    if _frozen_cast(c) and c.spec.method == "lora" and c.store_b == 4:
+        block_copy = sum(m.weight_numel for m in c.arch.block_linears) * c.compute_b
+        copy_why = f"fp32 weight cast to {c.compute} by autocast"
+    if _dequant_kept(c):
+        block_copy = sum(m.weight_numel for m in c.arch.block_linears) * c.act_b
+        copy_why = (
+            f"4-bit weight dequantized to {c.compute if c.autocast else c.store} by torch ops (auto-gptq)"
+        )
+    return block_copy, copy_why
+
+
+def _loss_phase(c: Context) -> list[Term]:
+    """At backward start: the logits and loss buffers (+ a cast lm_head copy)."""
+    arch, e, cdt, loss_fp32 = c.arch, c.act_b, c.compute, c.runtime.loss_fp32
+    head_b = (4 if c.fp32_upcast else c.store_b) if c.spec.method == "qlora" else c.store_b
+    loss_phase = []
+    if _frozen_cast(c) and head_b == 4:
+        loss_phase.append(
+            Term(
+                name="lm_head compute-dtype copy",
+                bytes=arch.vocab_size * arch.hidden_size * c.compute_b,
+                note=(
+                    f"the frozen fp32 lm_head weight cast to {cdt} by autocast for the logits matmul, which "
+                    "keeps the copy until the lm_head's backward"
+                ),
+            )
+        )
+    loss_phase += [
+        Term(
+            name="logits and loss",
+            bytes=loss_buffer_bytes(c),
+            note=(
+                f"{c.tokens} tokens x vocab {arch.vocab_size:,} x "
+                f"{logits_bytes_per_token(arch, e, loss_fp32) // arch.vocab_size} B: forward keeps "
+                f"the logits ({e} B), their {'fp32 ' if loss_fp32 else ''}copy and the log-probs; "
+                "backward starts with the log-probs and two gradients"
+                + ("" if loss_fp32 else f", all in {cdt} (no fp32 upcast)")
+            ),
+        )
+    ]
+    return loss_phase
+
+
+def _layer_phase(c: Context, layer_bytes: int, block_copy: int, copy_why: str) -> list[Term]:
+    """One block's backward: the recomputed layer (checkpointing), gradients in flight, QLoRA's
+    dequantized weight."""
+    arch, e, cdt, tokens = c.arch, c.act_b, c.compute, c.tokens
+    layer_phase: list[Term] = []
+    if c.spec.gradient_checkpointing:
+        layer_phase.append(
+            Term(
+                name="recomputed layer",
+                bytes=layer_bytes + block_copy,
+                note="backward re-runs one checkpointed layer's forward and holds what it saves"
+                + (f" (+ its linears' weight copies: {copy_why}, kept by the matmuls)" if block_copy else ""),
+            )
+        )
+    layer_phase.append(
+        Term(
+            name="backward working buffers",
+            bytes=tokens * backward_working_bytes_per_token(arch, e),
+            note="grads in flight through one block: hidden + 2 x intermediate per token",
+        )
+    )
+    if _dequant_kept(c):
+        layer_phase.append(
+            Term(
+                name="GPTQ unpacking buffer",
+                bytes=unpack_excess_bytes(arch, e, tokens),
+                note=(
+                    f"largest block linear ({arch.largest_linear_numel:,} weights) unpacked by torch ops: an "
+                    "int32 value per weight and its int8 copy (5 B), 3 B beyond the half copy counted above; "
+                    "counted beyond the intermediate-sized gradients it never coexists with"
+                ),
+            )
+        )
+    if c.spec.method == "qlora" and not _dequant_kept(c):
+        layer_phase.append(
+            Term(
+                name="QLoRA dequantization buffer",
+                bytes=dequant_excess_bytes(arch, e, tokens),
+                note=(
+                    f"largest block linear ({arch.largest_linear_numel:,} weights) dequantized to {cdt}, "
+                    "one at a time, inside a matmul: counted beyond the intermediate-sized gradient it "
+                    "never coexists with"
+                ),
+            )
+        )
+    return layer_phase
+
+
+def _fsdp_terms(c: Context) -> list[Term]:
+    """Unsharded parameters and gradients in flight, and the communicators, when num_gpus > 1."""
+    arch, sb = c.arch, c.store_b
+    layer_w = (
+        sum(nf4_bytes(m.weight_numel) for m in arch.block_linears) + arch.norm_params_per_layer * sb
+        if c.spec.method == "qlora"
+        else arch.layer_params * sb
+    )
+    root = (arch.embedding_params + arch.lm_head_params + arch.final_norm_params) * sb
+    terms = [
+        Term(
+            name="FSDP all-gathered units",
+            bytes=int(2 * layer_w + root),
+            note=(
+                "two decoder layers unsharded (current + prefetched next) + the root unit (embeddings, "
+                "lm_head, final norm) which FSDP2 keeps unsharded between forward and backward"
+            ),
+        )
+    ]
+    if c.full:
+        grad_b = c.trainable_b
+        terms.append(
+            Term(
+                name="FSDP unsharded gradients",
+                bytes=(arch.layer_params * grad_b + root // sb * grad_b),
+                note="one layer's and the root unit's full gradients before reduce-scatter",
+            )
+        )
+    terms.append(Term(name="NCCL buffers", bytes=NCCL_BYTES, note="communicator buffers, ~300 MiB stated"))
+    return terms

@@ -1,0 +1,88 @@
+"""The planner's shapes: what it is told beyond the JobSpec (Runtime) and what it answers (Plan of Terms)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+GiB = 2**30
+
+
+class Term(BaseModel):
+    name: str
+    bytes: int
+    note: str
+
+
+class Suggestion(BaseModel):
+    change: dict[str, Any]
+    description: str
+    plan_total_bytes: int
+    fits: bool
+
+
+class Plan(BaseModel):
+    gpu: str
+    num_gpus: int
+    method: str
+    total_params: int
+    trainable_params: int
+    breakdown: list[Term]
+    allocated_bytes: int  # total minus CUDA context and fragmentation: compare with max_memory_allocated
+    total_bytes: int
+    # Not in total_bytes (cached blocks the allocator frees and retries with before an OOM, so they never
+    # decide a fit) but in what nvidia-smi or torch.cuda.max_memory_reserved show (see planner_allocator):
+    loss_segments_bytes: int = 0  # half-precision logits segments the fp32 loss gradients cannot reuse
+    varlen_cache_bytes: int = 0  # blocks kept from earlier, shorter batches on data of varying lengths
+    usable_bytes: int
+    fits: bool
+    headroom_bytes: int
+    est_seconds_per_epoch: float | None = None
+    speed_note: str | None = None
+    suggestions: list[Suggestion] = []
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def idle(terms: list[Term], why: str) -> list[Term]:
+    """Terms of a phase that is not at the peak: 0 bytes, their size kept in the note."""
+    return [
+        Term(name=t.name, bytes=0, note=f"{gib(t.bytes)} not at the peak ({why}): {t.note}") for t in terms
+    ]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What the training framework keeps that a JobSpec does not say; the default is ftune's engine.
+    bench/planner_accuracy.py states these per published run."""
+
+    # peft's prepare_model_for_kbit_training (TRL/HF QLoRA recipes) casts every non-quantized parameter
+    # (embeddings, lm_head, norms) to fp32; ftune keeps them in the compute dtype.
+    kbit_fp32_upcast: bool = False
+    # The loss in fp32 (autocast's cross_entropy, transformers' .float()); False for a half-precision
+    # model run without autocast (DeepSpeed's fp16/bf16 engines), whose loss runs in the logits' dtype.
+    loss_fp32: bool = True
+    # Gradient buckets a framework keeps on the GPU through backward, e.g. DeepSpeed ZeRO-2 with
+    # contiguous_gradients + overlap_comm: two reduce buckets of reduce_bucket_size half-precision values.
+    grad_bucket_bytes: int = 0
+    # The whole model, adapters included, cast to half precision and run without autocast, the optimizer
+    # keeping fp32 master copies: DeepSpeed's fp16/bf16 engine (engine.module.half(); ZeRO-1/2 keep an fp32
+    # partition of the trainable params, Adam m and v in fp32 and a contiguous half-precision gradient
+    # partition; the step flattens the half gradients and casts them to fp32: 2 + 4 B/param transient).
+    half_model_master: bool = False
+    # 4-bit linears dequantized with plain torch ops inside forward, the half-precision weight then fed to
+    # torch.matmul, which saves it for the input gradient: auto-gptq's trainable QuantLinear (cuda-old path,
+    # used by transformers' GPTQ loading for training). A recomputed layer (or, without checkpointing, every
+    # layer) keeps all its linears' dequantized weights until its backward. bitsandbytes' MatMul4Bit saves
+    # only the packed weight and dequantizes again in backward (False).
+    dequant_saved: bool = False
+    # The model's loss copies the shifted logits (logits[..., :-1, :].contiguous(): GPT-2-derived remote code
+    # such as Qwen-1, transformers before 4.46) before the cross-entropy: one more logits-sized segment.
+    loss_shift_copy: bool = False
+
+
+FTUNE = Runtime()
