@@ -6,62 +6,29 @@ exit (error.json + exit code), so the runner's handling is tested without traini
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from core.settings import Settings
-from core.spec import JobSpec
-from core.storage import new_id
-from models import datasets as datasets_db
 from models import jobs as jobs_db
-from models.db import make_engine, make_session_factory, session_scope
-from models.tenants import get_or_create_tenant
+from models.db import session_scope
+from tests.worker.runner_env import job_in_db, stand_in_training
 from worker.runner import JobRunner
 
 GIB = 2**30
 
 
 def _exit_with_error(code: str, message: str, rc: int):  # type: ignore[no-untyped-def]
-    def command(run_json: Path) -> list[str]:
-        script = (
-            "import json, pathlib, sys; "
-            "out = pathlib.Path(json.loads(pathlib.Path(sys.argv[1]).read_text())['output_dir']); "
-            "out.mkdir(parents=True, exist_ok=True); "
-            f"(out / 'error.json').write_text(json.dumps({{'code': {code!r}, 'message': {message!r}}})); "
-            f"sys.exit({rc})"
-        )
-        return [sys.executable, "-c", script, str(run_json)]
-
-    return command
+    error = f"{{'code': {code!r}, 'message': {message!r}}}"
+    return stand_in_training(f"(out / 'error.json').write_text(json.dumps({error})); sys.exit({rc})")
 
 
 @pytest.fixture
 def runner_env(tmp_path: Path, migrated_url: str):  # type: ignore[no-untyped-def]
-    models_dir = tmp_path / "models"
-    (models_dir / "tiny").mkdir(parents=True)
-    (models_dir / "tiny" / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    settings = Settings(
-        data_dir=tmp_path / "data",
-        models_dir=models_dir,
-        database_url=migrated_url,
-        progress_interval_seconds=0.05,
-        max_attempts=3,
-    )
-    engine = make_engine(migrated_url)
-    sessions = make_session_factory(engine)
-    with session_scope(sessions) as s:
-        tenant = get_or_create_tenant(s, "acme")
-        dataset_id = new_id()
-        report = {"valid": True, "format": "text", "num_examples": 1, "size_bytes": 10, "sha256": "0" * 64}
-        datasets_db.create_dataset(s, tenant.id, dataset_id, "d.jsonl", report)
-        job_id = new_id()
-        spec = JobSpec(base_model="tiny", dataset_id=dataset_id)
-        jobs_db.create_job(s, tenant.id, job_id, spec, predicted_peak_bytes=3 * GIB, max_attempts=3)
-    yield settings, sessions, job_id
-    engine.dispose()
+    with job_in_db(
+        tmp_path, migrated_url, {}, {"max_attempts": 3}, predicted_peak_bytes=3 * GIB, max_attempts=3
+    ) as env:
+        yield env
 
 
 def test_out_of_memory_fails_at_once_with_the_planners_prediction(runner_env) -> None:  # type: ignore[no-untyped-def]

@@ -3,20 +3,14 @@ timed out or failed), and never replaces ready ones. The training command is a s
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from core.settings import Settings
-from core.spec import JobSpec
-from core.storage import new_id
-from models import datasets as datasets_db
 from models import jobs as jobs_db
-from models.db import make_engine, make_session_factory, session_scope
-from models.tenants import get_or_create_tenant
+from models.db import session_scope
+from tests.worker.runner_env import job_in_db, stand_in_training
 from worker.runner import JobRunner
 
 START = {
@@ -36,41 +30,19 @@ START = {
 }
 
 
-def _start_then_fail(run_json: Path) -> list[str]:
-    """Writes the start record, then fails as training does on bad data (no retry)."""
-    script = (
-        "import json, pathlib, sys; "
-        "out = pathlib.Path(json.loads(pathlib.Path(sys.argv[1]).read_text())['output_dir']); "
-        "out.mkdir(parents=True, exist_ok=True); "
-        f"(out / 'metrics.jsonl').open('a').write(json.dumps({START!r}) + '\\n'); "
-        "(out / 'error.json').write_text(json.dumps({'code': 'invalid_dataset', 'message': 'x'})); "
-        "sys.exit(1)"
-    )
-    return [sys.executable, "-c", script, str(run_json)]
+# Writes the start record, then fails as training does on bad data (no retry).
+_start_then_fail = stand_in_training(
+    f"(out / 'metrics.jsonl').open('a').write(json.dumps({START!r}) + '\\n'); "
+    "(out / 'error.json').write_text(json.dumps({'code': 'invalid_dataset', 'message': 'x'})); "
+    "sys.exit(1)"
+)
 
 
 @pytest.fixture
 def runner_env(tmp_path: Path, migrated_url: str):  # type: ignore[no-untyped-def]
-    (tmp_path / "models" / "tiny").mkdir(parents=True)
-    (tmp_path / "models" / "tiny" / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    settings = Settings(
-        data_dir=tmp_path / "data",
-        models_dir=tmp_path / "models",
-        database_url=migrated_url,
-        progress_interval_seconds=0.05,
-    )
-    engine = make_engine(migrated_url)
-    sessions = make_session_factory(engine)
-    with session_scope(sessions) as s:
-        tenant = get_or_create_tenant(s, "acme")
-        dataset_id = new_id()
-        report = {"valid": True, "format": "text", "num_examples": 4, "size_bytes": 10, "sha256": "0" * 64}
-        datasets_db.create_dataset(s, tenant.id, dataset_id, "d.jsonl", report)
-        job_id = new_id()
-        spec = JobSpec(base_model="tiny", dataset_id=dataset_id, max_seq_len=64, over_length="drop")
-        jobs_db.create_job(s, tenant.id, job_id, spec)
-    yield JobRunner(settings, sessions, lambda _: True, command=_start_then_fail), sessions, job_id
-    engine.dispose()
+    spec = {"max_seq_len": 64, "over_length": "drop"}
+    with job_in_db(tmp_path, migrated_url, spec) as (settings, sessions, job_id):
+        yield JobRunner(settings, sessions, lambda _: True, command=_start_then_fail), sessions, job_id
 
 
 def _job(sessions, job_id: str) -> tuple[dict[str, Any], list[str]]:  # type: ignore[no-untyped-def]
