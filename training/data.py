@@ -138,6 +138,17 @@ def load_dataset(
     return fit_to_length(whole, max_seq_len, over_length)
 
 
+def load_for_training(
+    path: Path, tokenizer, spec, column_mapping: dict[str, str] | None = None
+) -> tuple[list[Tokenized], int, dict[str, int | str]]:
+    """A file as training reads it under `spec` (a core.spec.JobSpec): the trainable examples, how many
+    were dropped, and the token statistics of the whole examples (before truncation)."""
+    whole = tokenize_file(path, tokenizer, column_mapping, spec.train_on_inputs)
+    stats = token_stats([len(t.input_ids) for t in whole], spec.max_seq_len, spec.over_length)
+    items, dropped = fit_to_length(whole, spec.max_seq_len, spec.over_length)
+    return items, dropped, stats
+
+
 def tokenize_file(
     path: Path, tokenizer, column_mapping: dict[str, str] | None = None, train_on_inputs: bool = False
 ) -> list[Tokenized]:

@@ -247,23 +247,14 @@ def load_splits(config, tokenizer) -> tuple[list, list, int, dict]:
     from training import data, evaluate
 
     spec = config.spec
-    whole = data.tokenize_file(
-        Path(config.dataset_path), tokenizer, config.column_mapping, spec.train_on_inputs
+    items, dropped, stats = data.load_for_training(
+        Path(config.dataset_path), tokenizer, spec, config.column_mapping
     )
-    stats = data.token_stats([len(t.input_ids) for t in whole], spec.max_seq_len, spec.over_length)
-    items, dropped = data.fit_to_length(whole, spec.max_seq_len, spec.over_length)
     if spec.validation_dataset_id:
         if not config.validation_path:
             raise data.DatasetError("the spec names a validation dataset but the run has no path for it")
         path = Path(config.validation_path)
-        val, _ = data.load_dataset(
-            path,
-            tokenizer,
-            spec.max_seq_len,
-            config.validation_column_mapping,
-            spec.over_length,
-            spec.train_on_inputs,
-        )
+        val, _, _ = data.load_for_training(path, tokenizer, spec, config.validation_column_mapping)
         return items, val, dropped, stats
     train, val = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
     return train, val, dropped, stats

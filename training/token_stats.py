@@ -44,9 +44,7 @@ def compute(
     from training import data, evaluate, loop
 
     tokenizer = _tokenizer(model_dir)
-    whole = data.tokenize_file(dataset, tokenizer, column_mapping, spec.train_on_inputs)
-    stats = data.token_stats([len(t.input_ids) for t in whole], spec.max_seq_len, spec.over_length)
-    items, dropped = data.fit_to_length(whole, spec.max_seq_len, spec.over_length)
+    items, dropped, stats = data.load_for_training(dataset, tokenizer, spec, column_mapping)
     # The micro-batches training builds: of the training split (as training.run.load_splits makes it).
     train, _ = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
     order = loop.epoch_order(spec, [len(t.input_ids) for t in train], 0)
