@@ -26,6 +26,8 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy core
+	$(VENV)/bin/lint-imports
 
 bench: install
 	$(PY) bench/planner_accuracy.py

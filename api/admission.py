@@ -10,10 +10,10 @@ from sqlalchemy.orm import Session
 from api.deps import Services
 from core.arch import load_architecture
 from core.errors import InvalidInput, NotFound, Unsupported
-from core.feasibility import plan_for_fleet, plan_on, require_fits, tokens_per_epoch
-from core.gpus import resolve_gpu
 from core.planner import Plan
-from core.sharding import fsdp_problem
+from core.planner.feasibility import plan_for_fleet, plan_on, require_fits, tokens_per_epoch
+from core.planner.gpus import resolve_gpu
+from core.planner.sharding import fsdp_problem
 from core.spec import JobSpec
 from models import datasets as datasets_db
 from models import workers as workers_db

@@ -17,6 +17,7 @@ from api import errors
 from api.bodylimit import MAX_JSON_BODY_BYTES, BodySizeLimit
 from api.deps import Services
 from api.metrics import LatencyMiddleware, new_registry
+from api.queue import broker_enqueuer
 from api.ratelimit import RateLimiter
 from api.routes import dashboard, datasets, health, jobs, live, metrics, models, plan, workers
 from api.token_stats import Compute, TokenStatsQueue, subprocess_compute
@@ -25,8 +26,6 @@ from core.settings import Settings, get_settings
 from core.storage import Storage
 from models.db import make_engine, make_session_factory, session_scope
 from models.tenants import Principal, ensure_key, get_or_create_tenant
-from worker.celery_app import create_celery
-from worker.queue import CeleryEnqueuer
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +82,7 @@ def create_app(
         sessions=sessions,
         storage=storage,
         catalog=Catalog(settings.models_dir, settings.hf_cache_dir),
-        enqueue=enqueue or CeleryEnqueuer(create_celery(settings)),
+        enqueue=enqueue or broker_enqueuer(settings),
         broker_ping=redis_ping(settings.redis_url),
         rate_limiter=RateLimiter(settings.rate_limit_per_minute),
         token_stats=TokenStatsQueue(

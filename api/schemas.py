@@ -7,8 +7,8 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, Field
 
+from core.data.token_stats import TokenStats
 from core.spec import JobSpec
-from core.token_stats import TokenStats
 from models.tables import Artifact, Dataset, Job, JobEvent
 
 

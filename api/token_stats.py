@@ -25,9 +25,9 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.catalog import Catalog
+from core.data.token_stats import TokenStats, failed
 from core.spec import JobSpec
 from core.storage import Storage
-from core.token_stats import TokenStats, failed
 from models import datasets as datasets_db
 from models import jobs as jobs_db
 from models.db import session_scope
@@ -48,7 +48,7 @@ class StatsRequest:
     spec_json: str
 
 
-# Returns the value to store ({"status": "ready", ...} or core.token_stats.failed(...)), or None when
+# Returns the value to store ({"status": "ready", ...} or core.data.token_stats.failed(...)), or None when
 # stopped by a shutdown (nothing is stored: the job stays "pending" for the worker to fill).
 Compute = Callable[[StatsRequest, threading.Event], dict[str, Any] | None]
 

@@ -1,4 +1,4 @@
-"""Throughput and memory of streaming dataset validation (core/data.py) on a generated JSONL file.
+"""Throughput and memory of streaming dataset validation (core/data/validate.py) on a generated JSONL file.
 
     .venv/bin/python bench/data_throughput.py [--mb 200] [--format chat] [--chunk-kb 1024] [--runs 3]
         [--non-ascii 0.2] [--no-http]
@@ -97,7 +97,7 @@ def _peak_rss_mb() -> float:
 
 def child(path: Path, chunk_kb: int) -> None:
     """Validate in this (fresh) process; print seconds, RSS growth and the report as JSON."""
-    from core.data import DatasetValidator
+    from core.data.validate import DatasetValidator
 
     # As the API does it: the duplicate count may spill to a directory beside the data.
     validator = DatasetValidator(

@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.arch import from_config
-from core.gpus import resolve_gpu
 from core.planner import Runtime, estimate
+from core.planner.gpus import resolve_gpu
 from core.spec import JobSpec
 
 GiB = 2**30

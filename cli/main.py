@@ -93,8 +93,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from core.arch import load_architecture
     from core.catalog import Catalog
     from core.errors import FtuneError
-    from core.feasibility import plan_on
-    from core.gpus import resolve_gpu
+    from core.planner.feasibility import plan_on
+    from core.planner.gpus import resolve_gpu
     from core.spec import JobSpec
 
     settings = get_settings()

@@ -165,20 +165,3 @@ class JobSpec(BaseModel):
     @property
     def effective_batch_size(self) -> int:
         return self.micro_batch_size * self.gradient_accumulation_steps * self.num_gpus
-
-
-class RunConfig(BaseModel):
-    """What the worker hands to `python -m training.run run.json`: the spec plus resolved local paths."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    job_id: str
-    spec: JobSpec
-    model_dir: str
-    dataset_path: str
-    output_dir: str
-    # The upload's column mapping, applied when the examples are read (core.examples.read_examples).
-    column_mapping: dict[str, str] | None = None
-    # spec.validation_dataset_id's file and column mapping, when the spec names one.
-    validation_path: str | None = None
-    validation_column_mapping: dict[str, str] | None = None

@@ -8,9 +8,9 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from core.data.token_stats import PENDING, TokenStats, needs_attention, summary
 from core.spec import ID_RE, JobSpec
 from core.states import TERMINAL, JobStatus
-from core.token_stats import PENDING, TokenStats, needs_attention, summary
 from models.pagination import newest_first, page
 from models.tables import Artifact, Job, JobEvent, utcnow
 

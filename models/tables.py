@@ -108,7 +108,7 @@ class Job(Base):
     eta_seconds: Mapped[float | None] = mapped_column(Float)
     peak_mem_bytes: Mapped[int | None] = mapped_column(BigInteger)
     predicted_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    # core.token_stats.TokenStats as JSON: {"status": "pending" | "ready" | "failed", ...}.
+    # core.data.token_stats.TokenStats as JSON: {"status": "pending" | "ready" | "failed", ...}.
     token_stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     events: Mapped[list[JobEvent]] = relationship(back_populates="job", order_by="JobEvent.id")

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grimp
+import pytest
 import yaml
 
 from cli.main import build_parser
@@ -25,8 +27,29 @@ def test_api_does_not_import_torch() -> None:
 
 
 def test_core_is_pure() -> None:
-    mods = _imported("core.spec, core.settings, core.storage, core.catalog, core.data, core.examples")
-    assert not mods & {"torch", "fastapi", "celery", "sqlalchemy", "models", "api", "worker"}
+    every = ", ".join(sorted(grimp.build_graph("core").modules))
+    mods = _imported(every)
+    assert not mods & {"torch", "fastapi", "celery", "sqlalchemy", "models", "api", "worker", "training"}
+
+
+def test_layer_contracts_hold() -> None:
+    """The import-linter contracts in pyproject.toml (api/worker -> models -> core, training -> core)."""
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    out = subprocess.run([str(lint_imports), "--no-cache"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stdout[-3000:]
+
+
+@pytest.mark.parametrize("package", ["core", "training", "models", "api", "worker"])
+def test_no_import_cycles(package: str) -> None:
+    """No module imports (directly or not, in-function imports included) a module that imports it back."""
+    graph = grimp.build_graph(package)
+    cycles = [
+        (m, n)
+        for m in graph.modules
+        for n in graph.find_modules_directly_imported_by(m)
+        if graph.chain_exists(importer=n, imported=m)
+    ]
+    assert cycles == []
 
 
 def test_worker_tasks_do_not_import_torch() -> None:

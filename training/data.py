@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from core.examples import Example, Message, read_examples
+from core.data.examples import Example, Message, read_examples
 
 IGNORE = -100
 # ChatML, for base models whose tokenizer has no chat template. An assistant turn ends with

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network, even by accident
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
-    from core.spec import RunConfig
+    from core.run_protocol import RunConfig
 
     config = RunConfig.model_validate_json(Path(argv[0]).read_text())
     stop = threading.Event()
@@ -48,7 +48,7 @@ class StopFlag(Protocol):
 
 
 def run(config, stop: StopFlag | None = None) -> int:
-    """Train `config` (a core.spec.RunConfig) until done or `stop` is set; returns the exit code."""
+    """Train `config` (a core.run_protocol.RunConfig) until done or `stop` is set; returns the exit code."""
     from core.storage import ERROR_FILE, atomic_write_text
 
     stop = stop or threading.Event()
@@ -266,7 +266,7 @@ def predicted_peak_bytes(spec, model_dir: Path, device) -> int | None:
     import torch
 
     from core.arch import load_architecture
-    from core.feasibility import device_gpu, plan_on
+    from core.planner.feasibility import device_gpu, plan_on
 
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -283,7 +283,7 @@ def predicted_peak_bytes(spec, model_dir: Path, device) -> int | None:
 
 def check_shardable(spec) -> None:
     """What FSDP here does not support, refused before any work (admission refuses it too)."""
-    from core.sharding import fsdp_problem
+    from core.planner.sharding import fsdp_problem
 
     problem = fsdp_problem(spec.model_copy(update={"num_gpus": 2}))  # also a 1-GPU spec under torchrun
     if problem:

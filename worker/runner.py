@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import logging
 import os
 import signal
@@ -24,8 +23,19 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.catalog import Catalog
+from core.run_protocol import (
+    EXIT_STOPPED,
+    CheckpointRecord,
+    Record,
+    RecordTail,
+    RunConfig,
+    StartRecord,
+    StepRecord,
+    StoppedRecord,
+    read_error,
+)
 from core.settings import Settings
-from core.spec import JobSpec, RunConfig
+from core.spec import JobSpec
 from core.states import JobStatus
 from core.storage import MERGED_DIR, Storage, atomic_write_text, new_id
 from models import datasets as datasets_db
@@ -33,11 +43,10 @@ from models import jobs as jobs_db
 from models import workers as workers_db
 from models.db import session_scope
 from worker.artifacts import build_adapter_archive, build_archive, sha256_dir, sha256_file
-from worker.progress import MetricsTail, progress_values, token_stats_from_start
+from worker.progress import progress_values, token_stats_from_start
 
 log = logging.getLogger(__name__)
 
-EXIT_STOPPED = 3  # training.run saved a checkpoint after SIGTERM and stopped
 # torchrun forwards our SIGTERM to its ranks and SIGKILLs them after this long (its default is 30 s):
 # enough for the step in flight and a checkpoint.
 SHUTDOWN_TIMEOUT_S = 600
@@ -118,7 +127,7 @@ class JobRunner:
         return path
 
     def _supervise(self, job_id: str, attempt: int, run_json: Path) -> str:
-        tail = MetricsTail(self.storage.metrics_path(job_id))
+        tail = RecordTail(self.storage.metrics_path(job_id))
         tail.read_new()  # skip records of earlier attempts
         with self.storage.log_path(job_id).open("ab") as logf:
             proc = subprocess.Popen(
@@ -142,13 +151,13 @@ class JobRunner:
         while proc.poll() is None:
             time.sleep(self.settings.progress_interval_seconds)
             records = tail.read_new()
-            stopped = stopped or any(r.get("type") == "stopped" for r in records)
+            stopped = stopped or any(isinstance(r, StoppedRecord) for r in records)
             owned = self._relay(job_id, attempt, records)
             if not stop_sent and (not owned or shutting_down.is_set() or self._cancel_requested(job_id)):
                 proc.send_signal(signal.SIGTERM)
                 stop_sent = True
         records = tail.read_new()
-        stopped = stopped or any(r.get("type") == "stopped" for r in records)
+        stopped = stopped or any(isinstance(r, StoppedRecord) for r in records)
         owned = self._relay(job_id, attempt, records) and owned
         if not owned:
             log.warning("job %s: attempt %d lost its lease; another worker owns it now", job_id, attempt)
@@ -160,42 +169,42 @@ class JobRunner:
         with session_scope(self.sessions) as s:
             return jobs_db.cancel_requested(s, job_id)
 
-    def _relay(self, job_id: str, attempt: int, records: list[dict[str, Any]]) -> bool:
+    def _relay(self, job_id: str, attempt: int, records: list[Record]) -> bool:
         """Store progress and checkpoint records; extend the lease. False if the job is no longer ours."""
         progress: dict[str, Any] = {}
         with session_scope(self.sessions) as s:
             for rec in records:
-                kind = rec.get("type")
-                if kind == "step":
+                if isinstance(rec, StepRecord):
                     progress.update(progress_values(rec))
-                elif kind == "start":
-                    progress["total_steps"] = rec.get("total_steps")
-                    if rec.get("predicted_peak_bytes"):  # the plan for the device this attempt runs on
-                        progress["predicted_peak_bytes"] = rec["predicted_peak_bytes"]
-                    resumed = rec.get("resumed_from_step") or 0
+                elif isinstance(rec, StartRecord):
+                    progress["total_steps"] = rec.total_steps
+                    if rec.predicted_peak_bytes:  # the plan for the device this attempt runs on
+                        progress["predicted_peak_bytes"] = rec.predicted_peak_bytes
+                    resumed = rec.resumed_from_step
                     msg = f"training resumed from step {resumed}" if resumed else "training started"
-                    jobs_db.add_event(s, job_id, "training_started", msg, rec)
+                    jobs_db.add_event(s, job_id, "training_started", msg, rec.model_dump(mode="json"))
                     self._fill_token_stats(s, job_id, rec)
-                elif kind == "checkpoint":
+                elif isinstance(rec, CheckpointRecord):
                     self._register_checkpoint(s, job_id, rec)
             return jobs_db.heartbeat(s, job_id, attempt, self.settings.lease_seconds, **progress)
 
-    def _fill_token_stats(self, s: Session, job_id: str, rec: dict[str, Any]) -> None:
+    def _fill_token_stats(self, s: Session, job_id: str, rec: StartRecord) -> None:
         """If the API process did not store them (it died, timed out or failed), training's count will do."""
         job = jobs_db.get_job(s, job_id)
         stats = token_stats_from_start(rec, job.spec) if job is not None else None
         if stats is not None:
             jobs_db.fill_token_stats(s, job_id, stats)  # a no-op once they are ready
 
-    def _register_checkpoint(self, s: Session, job_id: str, rec: dict[str, Any]) -> None:
-        path = Path(rec["path"])
+    def _register_checkpoint(self, s: Session, job_id: str, rec: CheckpointRecord) -> None:
+        path = Path(rec.path)
         job_dir = self.storage.job_dir(job_id)
         if not path.is_dir() or job_dir not in path.parents:
             return  # pruned already, or not ours
         size, digest = sha256_dir(path)
         relpath = path.relative_to(job_dir).as_posix()
-        jobs_db.add_artifact(s, new_id(), job_id, "checkpoint", relpath, size, digest, rec.get("step"))
-        jobs_db.add_event(s, job_id, "checkpoint_saved", f"checkpoint at step {rec.get('step')}", rec)
+        jobs_db.add_artifact(s, new_id(), job_id, "checkpoint", relpath, size, digest, rec.step)
+        data = rec.model_dump(mode="json")
+        jobs_db.add_event(s, job_id, "checkpoint_saved", f"checkpoint at step {rec.step}", data)
 
     def _outcome(self, job_id: str, attempt: int, rc: int) -> str:
         if rc == 0:
@@ -244,11 +253,9 @@ class JobRunner:
             return job is not None and attempt < job.max_attempts
 
     def _read_error(self, job_id: str, rc: int) -> tuple[str, str]:
-        try:
-            err = json.loads(self.storage.error_path(job_id).read_text())
-            return str(err["code"]), str(err["message"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+        error = read_error(self.storage.error_path(job_id))
+        if error is not None:
+            return error
         if rc < 0:
             name = signal.Signals(-rc).name
             hint = " (the kernel's out-of-memory killer sends SIGKILL)" if rc == -signal.SIGKILL else ""

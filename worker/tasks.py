@@ -9,13 +9,13 @@ from typing import Any
 
 from celery.signals import worker_ready, worker_shutting_down
 
+from core.queues import Enqueuer
 from core.settings import get_settings
 from models import workers as workers_db
 from models.db import make_engine, make_session_factory, session_scope
 from worker import runner
 from worker.celery_app import QUEUE, REAP, RUN_JOB, app
 from worker.devices import detect_devices
-from worker.queue import CeleryEnqueuer
 from worker.reaper import reap
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 def _runner() -> runner.JobRunner:
     settings = get_settings()
     sessions = make_session_factory(make_engine(settings.resolved_database_url))
-    return runner.JobRunner(settings, sessions, CeleryEnqueuer(app))
+    return runner.JobRunner(settings, sessions, Enqueuer(app.send_task))
 
 
 def _queue_depth() -> int | None:

@@ -18,7 +18,7 @@ from api.idempotency import IdempotencyKeyHeader, body_hash, check_replay_body, 
 from api.responses import AUTHED, errors
 from api.schemas import DatasetOut, Page, dataset_out
 from api.upload import FileSink, parse_column_mapping, receive
-from core.data import DatasetValidator
+from core.data.validate import DatasetValidator
 from core.errors import NotFound, PayloadTooLarge
 from core.storage import new_id
 from models import datasets as datasets_db

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,6 +16,7 @@ from api.responses import AUTHED, errors
 from api.schemas import ArtifactOut, EventOut, EventPage, JobOut, Page, artifact_out, event_out, job_out
 from api.token_stats import request_for
 from core.errors import Conflict, NotFound, RateLimited
+from core.run_protocol import EvalRecord, StepRecord, read_records
 from core.spec import JobSpec
 from core.states import JobStatus
 from core.storage import atomic_write_text, new_id
@@ -130,23 +130,10 @@ def get_metrics(
     """The per-step training records (loss, lr, grad_norm, tokens/s, ...) in `data` and the
     validation records (eval_loss, eval_token_accuracy) in `eval`, for curves."""
     _get(session, job_id, principal)
-    # After a resume the same step can appear twice; the later record wins.
-    by_kind: dict[str, dict[int, dict[str, Any]]] = {"step": {}, "eval": {}}
-    path = services.storage.metrics_path(job_id)
-    if path.is_file():
-        with path.open("rb") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if not isinstance(rec, dict) or rec.get("type") not in by_kind:
-                    continue
-                step = rec.get("step")
-                if isinstance(step, int) and step > after_step:
-                    by_kind[rec["type"]][step] = rec
-    steps, evals = by_kind["step"], by_kind["eval"]
-    return {"data": [steps[k] for k in sorted(steps)], "eval": [evals[k] for k in sorted(evals)]}
+    records = read_records(services.storage.metrics_path(job_id))  # as they stand after every resume
+    steps = [r.model_dump(mode="json") for r in records if isinstance(r, StepRecord) and r.step > after_step]
+    evals = [r.model_dump(mode="json") for r in records if isinstance(r, EvalRecord) and r.step > after_step]
+    return {"data": steps, "eval": evals}
 
 
 @router.get("/{job_id}/artifacts", response_model=list[ArtifactOut], responses=errors(404))

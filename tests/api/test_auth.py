@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from core.run_protocol import StepRecord, encode
 from core.settings import Settings
 from core.states import JobStatus
 from core.storage import new_id
@@ -73,7 +74,8 @@ def _succeeded_job(app: FastAPI, client: TestClient, dataset_id: str) -> str:
     job_id = _job(client, dataset_id)
     storage = app.state.services.storage
     storage.job_dir(job_id).mkdir(parents=True)
-    storage.metrics_path(job_id).write_text('{"type": "step", "step": 1, "loss": 2.5}\n')
+    step = StepRecord(step=1, total_steps=1, epoch=1.0, loss=2.5, lr=1e-4, tokens=10, elapsed_s=1.0)
+    storage.metrics_path(job_id).write_text(encode(step) + "\n")
     storage.adapter_archive(job_id).write_bytes(b"adapter bytes")
     with session_scope(app.state.services.sessions) as s:
         attempt = jobs_db.claim(s, job_id, "w", 60)

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from core.data import DatasetReport, DatasetValidator, validate_file
-from core.data_stats import DuplicateCounter
+from core.data.examples import read_examples
+from core.data.stats import DuplicateCounter
+from core.data.validate import DatasetReport, DatasetValidator, validate_file
 from core.errors import InvalidInput
-from core.examples import read_examples
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 LIMITS: dict[str, Any] = {"max_line_bytes": 1 << 20, "min_examples": 1, "max_problems": 50}

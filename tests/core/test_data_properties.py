@@ -10,9 +10,9 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from core.data import DatasetReport, DatasetValidator
-from core.data_stats import DuplicateCounter
-from core.examples import read_examples
+from core.data.examples import read_examples
+from core.data.stats import DuplicateCounter
+from core.data.validate import DatasetReport, DatasetValidator
 from tests.core.test_data import LIMITS, feed, jsonl
 
 json_values = st.recursive(

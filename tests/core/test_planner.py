@@ -10,9 +10,14 @@ import pytest
 
 from core.arch import from_config
 from core.errors import InvalidInput
-from core.gpus import GiB, resolve_gpu
-from core.memory import ActivationSetup, layer_saved_bytes_per_token, logits_bytes_per_token, nf4_bytes
 from core.planner import Plan, Runtime, estimate
+from core.planner.gpus import GiB, resolve_gpu
+from core.planner.memory import (
+    ActivationSetup,
+    layer_saved_bytes_per_token,
+    logits_bytes_per_token,
+    nf4_bytes,
+)
 from core.spec import JobSpec
 
 LLAMA2_7B = {
@@ -281,7 +286,7 @@ def test_peak_takes_the_larger_of_loss_and_layer_backward() -> None:
 
 
 def test_cpu_device_has_no_cuda_terms() -> None:
-    from core.feasibility import device_gpu, plan_on
+    from core.planner.feasibility import device_gpu, plan_on
 
     cpu = device_gpu({"kind": "cpu", "name": "cpu", "memory_bytes": 64 * GiB})
     plan = plan_on(spec(), from_config(LLAMA2_7B), cpu)
@@ -357,7 +362,7 @@ def test_cached_loss_segments_and_varlen_blocks_stay_out_of_the_total() -> None:
         big.total_bytes < gpu.memory_bytes < big.total_bytes + 2 * 12 * 2048 * logits_bytes_per_token(arch, 2)
     )
     assert big.total_bytes + big.loss_segments_bytes + big.varlen_cache_bytes == gpu.memory_bytes
-    from core.feasibility import device_gpu, plan_on
+    from core.planner.feasibility import device_gpu, plan_on
 
     cpu = plan_on(job, arch, device_gpu({"kind": "cpu", "name": "cpu", "memory_bytes": 64 * GiB}))
     assert cpu.loss_segments_bytes == cpu.varlen_cache_bytes == 0  # no caching allocator on a CPU

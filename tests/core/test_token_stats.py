@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.token_stats import TokenStats, needs_attention, summary
+from core.data.token_stats import TokenStats, needs_attention, summary
 
 READY = {"status": "ready", "count": 200, "p50": 83, "p95": 160, "max": 240, "max_seq_len": 512}
 READY |= {"over_max_seq_len": 0, "over_length": "truncate", "dropped": 0, "packing": True}

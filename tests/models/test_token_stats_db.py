@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import inspect, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.data.token_stats import failed
 from core.spec import JobSpec
-from core.token_stats import failed
 from models import datasets as datasets_db
 from models import jobs as jobs_db
 from models.db import make_engine, make_session_factory, session_scope

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from core.spec import JobSpec, RunConfig
+from core.run_protocol import RunConfig
+from core.spec import JobSpec
 from tests.training.util import qa_rows, write_jsonl
 from training.demo import TINY, build_demo_model
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from core.examples import to_example
+from core.data.examples import to_example
 from tests.training.util import qa_rows, write_jsonl
 from training.data import (
     DEFAULT_CHAT_TEMPLATE,

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from core.arch import load_architecture
-from core.feasibility import device_gpu, plan_on
-from core.spec import JobSpec, RunConfig
+from core.planner.feasibility import device_gpu, plan_on
+from core.run_protocol import RunConfig
+from core.spec import JobSpec
 from tests.training.util import write_jsonl
 from training.demo import DemoSize, build_demo_model
 from training.metrics import read_metrics

@@ -68,7 +68,7 @@ def test_the_command_prints_trainings_numbers(tmp_path: Path, tiny_model: Path, 
 
 
 def _read(path: Path):  # type: ignore[no-untyped-def]
-    from core.examples import read_examples
+    from core.data.examples import read_examples
 
     return list(read_examples(path, None))
 

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.schemas import job_out
+from core.run_protocol import Record, StartRecord, StepRecord
 from core.settings import Settings
 from core.spec import JobSpec
 from models import datasets as datasets_db
@@ -41,10 +42,13 @@ def test_start_and_step_records_put_prediction_and_measurement_on_the_job(
     assert attempt == 1
     settings = Settings(data_dir=tmp_path / "data", models_dir=tmp_path / "models")
     runner = JobRunner(settings, sessions, enqueue=lambda job_id: True)
-    records = [
-        {"type": "start", "total_steps": 4, "resumed_from_step": 0, "predicted_peak_bytes": 5_000_000},
-        {"type": "step", "step": 1, "total_steps": 4, "loss": 2.0, "peak_mem_bytes": 4_900_000},
-    ]
+    records: list[Record] = [
+        StartRecord(total_steps=4, num_examples=3, predicted_peak_bytes=5_000_000),
+        StepRecord(
+            step=1, total_steps=4, epoch=0.25, loss=2.0, lr=1e-4, tokens=9, elapsed_s=1.0,
+            peak_mem_bytes=4_900_000,
+        ),
+    ]  # fmt: skip
     assert runner._relay("job00000001", attempt, records)
     with sessions() as s:
         job = jobs_db.get_job(s, "job00000001")

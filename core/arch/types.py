@@ -1,20 +1,19 @@
-"""Model architecture read from a local config.json (never the weights) -> exact parameter counts.
+"""A model's architecture (what the planner counts with) and its exact parameter counts.
 
-`from_config` knows the decoder block of each supported family as transformers 5 builds it: every
-linear module of a block with its (in, out, bias), the norms, embeddings and whether the lm_head is
-tied. From that, total parameters and LoRA trainable parameters (peft's rules) are counted exactly.
+core.arch.families knows the decoder block of each supported family as transformers 5 builds it:
+every linear module of a block with its (in, out, bias), the norms, embeddings and whether the
+lm_head is tied. From that, total parameters and LoRA trainable parameters (peft's rules) are
+counted exactly.
 Missing config keys take the defaults of the transformers config class of that family.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from core.errors import InvalidInput, Unsupported
+from core.errors import InvalidInput
 
 # Which linear inputs are the same tensor (q/k/v read one normed hidden state; gate/up another).
 InputGroup = Literal["attn_in", "attn_out", "mlp_in", "mlp_mid"]
@@ -169,33 +168,3 @@ class Architecture(BaseModel):
                 param="lora_target_modules",
             )
         return tuple(found)
-
-
-# ---------------------------------------------------------------------------------------------------
-def load_architecture(model_dir: Path | str) -> Architecture:
-    """Read `model_dir/config.json` (and nothing else)."""
-    path = Path(model_dir) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InvalidInput(f"cannot read {path.name} of the base model: {exc}", param="base_model") from exc
-    if not isinstance(config, dict):
-        raise InvalidInput("config.json is not a JSON object", param="base_model")
-    return from_config(config)
-
-
-def from_config(config: dict[str, Any]) -> Architecture:
-    from core import arch_families  # the per-family block builders
-
-    model_type = str(config.get("model_type", ""))
-    if model_type in ("gemma3", "mistral3") and isinstance(config.get("text_config"), dict):
-        raise Unsupported(f"multimodal {model_type} models are not supported; use a text-only checkpoint")
-    build = arch_families.BUILDERS.get(model_type)
-    if build is None:
-        raise Unsupported(
-            f"model_type {model_type!r} is not supported by the planner; supported: "
-            f"{sorted(arch_families.BUILDERS)}",
-            code="unsupported_architecture",
-            param="base_model",
-        )
-    return build(config)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-from core.examples import Format
+from core.data.examples import Format
 
 ROLES = ("system", "user", "assistant")
 
@@ -101,17 +101,19 @@ def _text(
 
 def check_flat(obj: dict[str, Any], fmt: Format, strict: bool) -> Checked:
     """Check an instruction, prompt_completion or text line; flag: an instruction has an input."""
+    values: tuple[str, ...]
+    has_input = False
     if fmt == "instruction":
         values = (
             _text(obj, "instruction", strict),
             _text(obj, "input", strict, required=False),
             _text(obj, "output", strict),
         )
+        has_input = bool(values[1])
     elif fmt == "prompt_completion":
         values = (_text(obj, "prompt", strict), _text(obj, "completion", strict))
     else:
         values = (_text(obj, "text", strict),)
-    has_input = fmt == "instruction" and bool(values[1])
     # Only used fields make an example: extra keys (ids, metadata) do not hide a duplicate.
     return Checked(sum(map(len, values)), 1 if fmt == "text" else 2, (fmt, *values), has_input)
 

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from core.memory import adam8bit_state_bytes, nf4_bytes
-from core.planner_context import Context
-from core.planner_types import Term
+from core.planner.context import Context
+from core.planner.memory import adam8bit_state_bytes, nf4_bytes
+from core.planner.types import Term
 
 
 def persistent_terms(c: Context) -> list[Term]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from core.arch import Architecture, LinearModule
+from core.arch.types import Architecture, LinearModule
 from core.errors import InvalidInput
 
 _DTYPES = {
@@ -73,6 +73,7 @@ def _llama_like(c: dict[str, Any]) -> Architecture:
     qkv_bias = {"qwen2": True, "mistral": False, "phi3": False}.get(mt, attn_bias)
     o_bias = False if mt in ("qwen2", "mistral", "phi3") else attn_bias
     mlp_bias = bool(c.get("mlp_bias", False)) if mt == "llama" else False
+    linears: tuple[LinearModule, ...]
     if mt == "phi3":
         linears = (
             _lin("self_attn.qkv_proj", hidden, q + 2 * k, False, "attn_in"),

@@ -3,8 +3,9 @@ framework gradient buckets, the larger of the loss and a layer's backward, and F
 
 from __future__ import annotations
 
-from core.gpus import MiB
-from core.memory import (
+from core.planner.context import Context
+from core.planner.gpus import MiB
+from core.planner.memory import (
     ActivationSetup,
     backward_working_bytes_per_token,
     dequant_excess_bytes,
@@ -13,8 +14,7 @@ from core.memory import (
     nf4_bytes,
     unpack_excess_bytes,
 )
-from core.planner_context import Context
-from core.planner_types import Term, idle
+from core.planner.types import Term, idle
 
 NCCL_BYTES = 300 * MiB  # NCCL communicator buffers when num_gpus > 1
 
@@ -62,7 +62,7 @@ def forward_backward_terms(c: Context) -> list[Term]:
 
 
 def loss_buffer_bytes(c: Context) -> int:
-    """The vocab-sized buffers of the logits and the loss (see core.memory.logits_bytes_per_token)."""
+    """The vocab-sized buffers of the logits and the loss (see core.planner.memory.logits_bytes_per_token)."""
     return c.tokens * logits_bytes_per_token(c.arch, c.act_b, c.runtime.loss_fp32)
 
 

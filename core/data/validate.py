@@ -4,9 +4,9 @@ The API feeds each uploaded chunk to `DatasetValidator.feed` as it arrives and c
 One pass, memory bounded by the chunk passed in, plus `max_line_bytes` for a line that spans chunks (a
 longer line is counted and skipped, never buffered whole), plus the exact duplicate count: one 64-bit
 hash per example, 8 bytes in a flat array, spilled to `spill_dir` past 4M of them
-(core.data_stats.DuplicateCounter).
+(core.data.stats.DuplicateCounter).
 
-Formats (see core/examples.py): chat, instruction, prompt_completion, text. The file's format is the
+Formats (see core/data/examples.py): chat, instruction, prompt_completion, text. The file's format is the
 format of its first line that has one; a line in another format is a `mixed_formats` problem.
 
 Problem codes (stable; every problem has a 1-based line number, blank lines count):
@@ -23,9 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from core.data_stats import DuplicateCounter, ExampleStats, StreamSha256
-from core.examples import Format, apply_column_mapping, check_column_mapping, detect_format
-from core.line_checks import (
+from core.data.examples import Format, apply_column_mapping, check_column_mapping, detect_format
+from core.data.line_checks import (
     LineProblem,
     check_chat,
     check_flat,
@@ -33,6 +32,7 @@ from core.line_checks import (
     partial_format,
     unknown_format_message,
 )
+from core.data.stats import DuplicateCounter, ExampleStats, StreamSha256
 from core.settings import Settings
 
 BOM = b"\xef\xbb\xbf"

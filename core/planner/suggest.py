@@ -19,8 +19,9 @@ from itertools import combinations
 from typing import Any
 
 from core.arch import Architecture
-from core.gpus import Gpu
-from core.planner import FTUNE, Runtime, Suggestion, estimate
+from core.planner.gpus import Gpu
+from core.planner.peak import peak_plan
+from core.planner.types import FTUNE, Runtime, Suggestion
 from core.spec import JobSpec
 
 MAX_SUGGESTIONS = 8
@@ -97,7 +98,7 @@ def suggestions(
         key = tuple(sorted(choice.items()))
         if key not in cache:
             new = spec.model_copy(update=merged(choice))
-            plan = estimate(new, arch, gpu, suggest=False, runtime=runtime)
+            plan = peak_plan(new, arch, gpu, None, runtime)
             cache[key] = (plan.fits, plan.total_bytes)
         return cache[key]
 

@@ -4,7 +4,7 @@
 - chat, instruction: through the tokenizer's chat template; loss on assistant messages with weight 1.
 - prompt_completion: raw prompt text then completion text; loss on the completion.
 - text: raw text; loss on everything.
-Validation (core/data.py) runs at upload; this module only converts lines that already passed it.
+Validation (core/data/validate.py) runs at upload; this module only converts lines that already passed it.
 """
 
 from __future__ import annotations

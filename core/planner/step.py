@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from core.gpus import MiB
-from core.planner_context import Context
-from core.planner_state import optimizer_states
-from core.planner_types import Term
+from core.planner.context import Context
+from core.planner.gpus import MiB
+from core.planner.state import optimizer_states
+from core.planner.types import Term
 
 
 def step_terms(c: Context) -> list[Term]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from core.arch import Architecture
-from core.gpus import Gpu
+from core.planner.gpus import Gpu
 from core.spec import JobSpec
 
 MFU = {"full": 0.40, "lora": 0.40, "qlora": 0.28}  # assumed model-FLOPs utilisation

@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from core.examples import Format
+from core.data.examples import Format
 
 # Percentiles come from a fixed-size, fixed-seed reservoir: exact up to this many examples.
 RESERVOIR_SIZE = 10_000

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.arch import Architecture, LinearModule
-from core.gpus import Gpu
-from core.memory import DTYPE_BYTES
-from core.planner_types import Runtime
+from core.planner.gpus import Gpu
+from core.planner.memory import DTYPE_BYTES
+from core.planner.types import Runtime
 from core.spec import JobSpec
 
 

@@ -4,10 +4,10 @@ before an OOM, reported beside the total."""
 
 from __future__ import annotations
 
-from core.gpus import Gpu, MiB
-from core.planner_context import Context
-from core.planner_forward_backward import loss_buffer_bytes
-from core.planner_types import Term
+from core.planner.context import Context
+from core.planner.forward_backward import loss_buffer_bytes
+from core.planner.gpus import Gpu, MiB
+from core.planner.types import Term
 
 CUDA_CONTEXT_BYTES = 500 * MiB  # CUDA context + cuBLAS workspace, outside torch's allocator
 FRAGMENTATION = 0.08  # caching-allocator margin over the bytes in use (reserved vs allocated)

@@ -13,8 +13,9 @@ from typing import Any
 
 from core.arch import Architecture
 from core.errors import Infeasible, InvalidInput
-from core.gpus import Gpu, resolve_gpu
-from core.planner import Plan, estimate
+from core.planner.estimate import estimate
+from core.planner.gpus import Gpu, resolve_gpu
+from core.planner.types import Plan
 from core.spec import JobSpec
 
 # Rough characters per token of English BPE text, for an epoch-time estimate before tokenizing.

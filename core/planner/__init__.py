@@ -1,0 +1,40 @@
+"""Memory-feasibility planner: estimate(spec, arch, gpu) -> Plan (per-GPU breakdown, verdict, suggestions).
+
+Model of the peak (per GPU), each piece a named Term with its assumption in `note`:
+  persistent   base weights (+ NF4 constants), LoRA adapters, gradients, optimizer states, master weights
+  fwd/bwd      activations saved for backward, autocast copies, FSDP all-gathered units, and the larger of
+                 loss      logits + loss buffers at backward start (+ a cast lm_head copy)
+                 layer     one block's backward: recomputed layer (checkpointing), gradients in flight,
+                           QLoRA's dequantized weight
+  step         paged optimizer states (paged in), AdamW temporaries, grad-norm buffers
+  peak = persistent + max(fwd/bwd, step) + CUDA context + fragmentation margin
+allocated_bytes (the peak without the last two) is what a run measures: max_memory_allocated on CUDA,
+live tensor bytes on a CPU (tests/training/test_planner_vs_measured.py holds it within 15% there).
+A phase that is not the peak is listed with 0 bytes and its size in the note, so terms sum to total.
+What a training framework keeps beyond the JobSpec (ftune's engine by default) is a Runtime.
+Cached blocks the allocator keeps reserved but would free (and retry) before an OOM are reported beside
+the total, not in it, for comparing with nvidia-smi or max_memory_reserved: loss_segments_bytes (the
+half-precision logits' segments an fp32 loss's gradients cannot reuse) and varlen_cache_bytes (an earlier,
+shorter batch's loss buffers on data of varying lengths).
+
+Modules, in reading order:
+  types             Term, Plan, Suggestion, Runtime: what goes in and comes out
+  estimate          estimate(): the plan, with suggestions when it does not fit
+  peak              adds the phases up into one Plan
+  context           the dtypes, trainable parameters and tokens every section counts with
+  memory            byte formulas: weight formats, what a block saves for backward
+  state             persistent: base weights and trainable state
+  forward_backward  fwd/bwd transients
+  step              optimizer-step transients
+  allocator         CUDA context, fragmentation margin, cached blocks beside the total
+  speed             time per epoch
+  suggest           changes that fit, for a job that does not
+  gpus              the GPUs the planner knows
+  feasibility       admission against the fleet: where a job fits best
+  sharding          what an FSDP job may ask for
+"""
+
+from core.planner.estimate import estimate
+from core.planner.types import FTUNE, Plan, Runtime, Suggestion, Term
+
+__all__ = ["FTUNE", "Plan", "Runtime", "Suggestion", "Term", "estimate"]

@@ -1,0 +1,188 @@
+"""The contract between a worker and `python -m training.run run.json`: one definition, read by all.
+
+The worker writes a RunConfig to run.json and starts training as a subprocess. Training appends one
+JSON record per line to output_dir/metrics.jsonl (flushed and fsynced as it goes) and exits with an
+exit code below; on failure it also writes output_dir/error.json ({"code", "message"}).
+
+Records, in order of appearance (typed below, told apart by "type"):
+  start       once per attempt: totals, the data's token statistics, resumed_from_step
+  step        one per optimizer step: loss, lr, grad norm, tokens, speed, ETA, peak memory
+  eval        after an evaluation: eval loss and token accuracy, the best so far
+  checkpoint  after a checkpoint is complete on disk
+  stopped     after a stop request (SIGTERM), last: the run saved a checkpoint and will resume
+  done        the adapter (and a merged export, if asked) is written, last
+
+The file is append-only, also across resumes: a process killed after its last checkpoint may have
+written step records that the resumed process repeats. The resume rule: a start record with
+resumed_from_step = k supersedes every earlier step, eval and checkpoint record with step > k.
+`read_records` applies it; every reader (worker, API, tests) goes through it or through RecordTail.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from core.spec import JobSpec
+
+# Exit codes of `python -m training.run`. torchrun reports any non-zero exit of its ranks as 1, so a
+# stop under torchrun is read from the records (a "stopped" record), not from the code.
+EXIT_OK = 0  # done: output_dir/adapter/ written
+EXIT_FAILED = 1  # failed: output_dir/error.json written
+EXIT_USAGE = 2  # bad command line
+EXIT_STOPPED = 3  # stopped by SIGTERM after the current step and a checkpoint; resumable
+
+
+class RunConfig(BaseModel):
+    """What the worker hands to `python -m training.run run.json`: the spec plus resolved local paths."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_id: str
+    spec: JobSpec
+    model_dir: str
+    dataset_path: str
+    output_dir: str
+    # The upload's column mapping, applied when the examples are read (core.data.examples.read_examples).
+    column_mapping: dict[str, str] | None = None
+    # spec.validation_dataset_id's file and column mapping, when the spec names one.
+    validation_path: str | None = None
+    validation_column_mapping: dict[str, str] | None = None
+
+
+class _Record(BaseModel):
+    # Readers ignore fields they do not know (a newer trainer); JSON has no NaN: a diverged loss is null.
+    model_config = ConfigDict(extra="ignore", frozen=True, ser_json_inf_nan="null")
+
+
+class StartRecord(_Record):
+    type: Literal["start"] = "start"
+    total_steps: int
+    num_examples: int
+    num_validation_examples: int = 0
+    dropped_examples: int = 0
+    token_stats: dict[str, Any] | None = None  # count, p50, p95, max, ... of the training file
+    trainable_params: int | None = None
+    resumed_from_step: int = 0
+    predicted_peak_bytes: int | None = None  # the plan on the device this attempt runs on
+
+
+class StepRecord(_Record):
+    type: Literal["step"] = "step"
+    step: int
+    total_steps: int
+    epoch: float  # fractional: 2.5 is half-way through the third epoch
+    loss: float | None
+    lr: float
+    grad_norm: float | None = None
+    tokens: int  # input tokens (not padding) of the step
+    target_tokens: int | None = None  # tokens the loss is taken on
+    tokens_per_s: float | None = None
+    elapsed_s: float  # training time so far, summed over resumed attempts
+    eta_s: float | None = None
+    peak_mem_bytes: int | None = None
+
+
+class EvalRecord(_Record):
+    type: Literal["eval"] = "eval"
+    step: int
+    eval_loss: float | None
+    eval_token_accuracy: float | None = None
+    eval_tokens: int | None = None
+    best_eval_loss: float | None = None
+
+
+class CheckpointRecord(_Record):
+    type: Literal["checkpoint"] = "checkpoint"
+    step: int
+    path: str
+
+
+class StoppedRecord(_Record):
+    type: Literal["stopped"] = "stopped"
+    step: int
+
+
+class DoneRecord(_Record):
+    type: Literal["done"] = "done"
+    step: int
+    final_loss: float | None = None
+    adapter_dir: str
+    stopped_early: bool = False
+    best_eval_loss: float | None = None
+    merged_dir: str | None = None
+
+
+Record = Annotated[
+    StartRecord | StepRecord | EvalRecord | CheckpointRecord | StoppedRecord | DoneRecord,
+    Field(discriminator="type"),
+]
+_RECORD: TypeAdapter[Record] = TypeAdapter(Record)
+SUPERSEDED_BY_RESUME = (StepRecord, EvalRecord, CheckpointRecord)
+
+
+def encode(record: _Record) -> str:
+    """One line of metrics.jsonl (without the newline)."""
+    return record.model_dump_json()
+
+
+def parse_record(line: bytes | str) -> Record | None:
+    """A record, or None for a torn line (the writer was killed mid-write) or a foreign one."""
+    try:
+        return _RECORD.validate_json(line)
+    except ValidationError:
+        return None
+
+
+def apply_resume_rule(records: list[Record], new: Record) -> list[Record]:
+    """`records` with `new` appended, after dropping what `new` supersedes (see the module doc)."""
+    if isinstance(new, StartRecord) and new.resumed_from_step:
+        k = new.resumed_from_step
+        records = [r for r in records if not (isinstance(r, SUPERSEDED_BY_RESUME) and r.step > k)]
+    records.append(new)
+    return records
+
+
+def read_records(path: Path) -> list[Record]:
+    """The records of a metrics file as they stand after every resume (superseded ones dropped)."""
+    records: list[Record] = []
+    if not path.is_file():
+        return records
+    with path.open("rb") as f:
+        for line in f:
+            rec = parse_record(line)
+            if rec is not None:
+                records = apply_resume_rule(records, rec)
+    return records
+
+
+class RecordTail:
+    """The new complete records of a metrics file that another process appends to."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def read_new(self) -> list[Record]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        return [rec for rec in map(parse_record, lines) if rec is not None]
+
+
+def read_error(path: Path) -> tuple[str, str] | None:
+    """(code, message) of an error.json, or None if there is none or it is unreadable."""
+    try:
+        err = json.loads(path.read_text())
+        return str(err["code"]), str(err["message"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
