@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import shutil
 import tempfile
@@ -102,18 +104,90 @@ class Storage:
 
 @contextmanager
 def atomic_dir(target: Path) -> Iterator[Path]:
-    """A fresh temp dir next to `target` to fill; when the block succeeds it replaces `target` in one
-    rename, so readers see the old directory or the complete new one. Removed on failure."""
+    """A fresh temp dir next to `target` to fill; when the block succeeds it replaces `target`.
+
+    Crash-safe: the files and the new directory are fsynced before the swap, and `target` holds the
+    complete old or the complete new directory at every instant (an atomic exchange where the kernel
+    has one; else old aside, new in place, with recover_dir() undoing a half-done swap). Removed on
+    failure. One writer per target at a time."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    recover_dir(target)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".tmp-{target.name}-"))
     try:
         yield tmp
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        _fsync_tree(tmp)
+        _swap_into_place(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def recover_dir(target: Path) -> None:
+    """Finish a swap that a crash interrupted: put the old directory back, or drop it if the new one
+    is in place. A no-op when nothing was interrupted."""
+    aside = _aside(target)
+    if not aside.exists():
+        return
+    if target.exists():
+        shutil.rmtree(aside)
+    else:
+        os.rename(aside, target)
+        _fsync_path(target.parent)
+
+
+def _aside(target: Path) -> Path:
+    return target.parent / f".old-{target.name}"
+
+
+def _swap_into_place(tmp: Path, target: Path) -> None:
+    if not target.exists():
+        os.rename(tmp, target)
+        _fsync_path(target.parent)
+        return
+    if _exchange(tmp, target):  # tmp now holds the old directory
+        _fsync_path(target.parent)
+        shutil.rmtree(tmp)
+        return
+    aside = _aside(target)
+    os.rename(target, aside)  # a crash here leaves only `aside`: recover_dir renames it back
+    os.rename(tmp, target)
+    _fsync_path(target.parent)
+    shutil.rmtree(aside)
+
+
+# renameat2(2) flags and the "current directory" fd, from <linux/fs.h> and <fcntl.h>.
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_NO_EXCHANGE = {errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step (Linux renameat2). False where the OS or filesystem has none."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _NO_EXCHANGE:
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def _fsync_tree(root: Path) -> None:
+    """Files first, then their directories, so the new tree is on disk before it is swapped in."""
+    for dirpath, _dirs, names in os.walk(root, topdown=False):
+        for name in names:
+            _fsync_path(Path(dirpath) / name)
+        _fsync_path(Path(dirpath))
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
