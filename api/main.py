@@ -13,7 +13,7 @@ import redis
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
-from api import errors
+from api import errors, openai
 from api.bodylimit import MAX_JSON_BODY_BYTES, BodySizeLimit
 from api.deps import Services
 from api.metrics import LatencyMiddleware, new_registry
@@ -104,7 +104,8 @@ def create_app(
     errors.install(app)
     app.state.metrics_registry, latency = new_registry(sessions)
     app.add_middleware(LatencyMiddleware, latency=latency)
-    for module in (health, datasets, jobs, live, plan, models, workers, dashboard, metrics):
+    for module in (health, datasets, jobs, live, plan, models, workers, dashboard, metrics, openai):
         app.include_router(module.router)
-    app.add_middleware(BodySizeLimit, max_bytes=MAX_JSON_BODY_BYTES, exempt={("POST", "/datasets")})
+    uploads = {("POST", "/datasets"), ("POST", "/v1/files")}  # streamed to disk under their own limits
+    app.add_middleware(BodySizeLimit, max_bytes=MAX_JSON_BODY_BYTES, exempt=uploads)
     return app

@@ -1,0 +1,169 @@
+"""/v1/files: OpenAI's Files API over ftune's datasets (same rows, same stored files, same ids).
+
+An upload is validated by ftune's streaming validator as it arrives, so the answer already says
+`processed` (valid) or `error` (with the validator's line-numbered problems in `status_details`).
+Everything is scoped to the key's own tenant (the organization), admin keys included.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from api.auth import PrincipalDep
+from api.deps import Services, ServicesDep, SessionDep
+from api.openai.errors import AUTHED, OpenAIRoute, documented
+from api.openai.schemas import PURPOSE, FileDeleted, FileList, FileObject, file_object
+from api.routes.datasets import _room as upload_room
+from api.upload import FileSink, receive
+from core.data.validate import DatasetValidator
+from core.errors import InvalidInput, NotFound
+from core.storage import new_id
+from models import datasets as datasets_db
+from models.db import session_scope
+from models.tables import Dataset
+from models.tenants import Principal
+
+router = APIRouter(
+    prefix="/files", tags=["openai: files"], route_class=OpenAIRoute, responses=documented(*AUTHED)
+)
+
+UPLOAD_DOC = {
+    "requestBody": {
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "purpose": {"type": "string", "enum": [PURPOSE]},
+                    },
+                    "required": ["file", "purpose"],
+                }
+            }
+        },
+        "required": True,
+    }
+}
+
+
+@router.post("", response_model=FileObject, openapi_extra=UPLOAD_DOC, responses=documented(408, 413))
+async def create_file(request: Request, services: ServicesDep, principal: PrincipalDep) -> FileObject:
+    """`client.files.create(file=open("data.jsonl", "rb"), purpose="fine-tune")`: a new dataset."""
+    tmp = services.storage.temp_file()
+    try:
+        filename, fields, report = await _receive_and_validate(request, services, principal, tmp)
+        _check_purpose(fields.get("purpose"))
+        ds = _store(services, principal, tmp, filename, report)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return file_object(ds)
+
+
+async def _receive_and_validate(
+    request: Request, services: Services, principal: Principal, tmp: Path
+) -> tuple[str, dict[str, str], dict[str, Any]]:
+    settings = services.settings
+    validator = DatasetValidator.from_settings(settings, spill_dir=tmp.parent)
+    sink = FileSink(tmp, validator.feed, upload_room(services, principal))
+    try:
+        upload = await receive(request, sink, settings.upload_idle_timeout_seconds)
+    finally:
+        sink.close()
+    report = (await run_in_threadpool(validator.finish)).model_dump(mode="json")
+    report["column_mapping"] = None
+    return upload.filename, upload.fields, report
+
+
+def _check_purpose(purpose: str | None) -> None:
+    if purpose != PURPOSE:
+        got = "no purpose" if purpose is None else f"purpose {purpose!r}"
+        raise InvalidInput(
+            f"{got}: ftune stores files for fine-tuning only; send purpose='{PURPOSE}'",
+            code="invalid_purpose",
+            param="purpose",
+        )
+
+
+def _store(
+    services: Services, principal: Principal, tmp: Path, filename: str, report: dict[str, Any]
+) -> Dataset:
+    dataset_id = new_id()
+    os.replace(tmp, services.storage.dataset_path(dataset_id))
+    with session_scope(services.sessions) as s:
+        return datasets_db.create_dataset(s, principal.tenant_id, dataset_id, filename, report)
+
+
+@router.get("", response_model=FileList)
+def list_files(
+    session: SessionDep,
+    principal: PrincipalDep,
+    after: Annotated[str | None, Query(max_length=200, description="a file id: list past it")] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    order: Annotated[Literal["asc", "desc"], Query(description="by created_at")] = "desc",
+    purpose: Annotated[str | None, Query(max_length=100)] = None,
+) -> FileList:
+    """`client.files.list(limit=..., order=..., purpose="fine-tune")`; the SDK pages with `after`."""
+    if purpose not in (None, PURPOSE):
+        rows: list[Dataset] = []
+        more = False
+    else:
+        rows, more = datasets_db.list_page(
+            session, principal.tenant_id, limit=limit, after_id=after, ascending=order == "asc"
+        )
+    data = [file_object(ds) for ds in rows]
+    return FileList(
+        data=data,
+        has_more=more,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+    )
+
+
+def _get(session: Session, file_id: str, principal: Principal) -> Dataset:
+    ds = datasets_db.get_live_dataset(session, file_id, principal.tenant_id)
+    if ds is None:
+        raise NotFound(f"no such file: {file_id!r}", code="file_not_found", param="file_id")
+    return ds
+
+
+@router.get("/{file_id}", response_model=FileObject, responses=documented(404))
+def retrieve_file(file_id: str, session: SessionDep, principal: PrincipalDep) -> FileObject:
+    return file_object(_get(session, file_id, principal))
+
+
+@router.get(
+    "/{file_id}/content",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/octet-stream": {}}, "description": "the file"}}
+    | documented(404),
+)
+def file_content(
+    file_id: str, services: ServicesDep, session: SessionDep, principal: PrincipalDep
+) -> FileResponse:
+    """`client.files.content(id)`: the bytes as uploaded."""
+    ds = _get(session, file_id, principal)
+    return FileResponse(services.storage.dataset_path(ds.id), media_type="application/octet-stream")
+
+
+@router.delete("/{file_id}", response_model=FileDeleted, responses=documented(404))
+def delete_file(file_id: str, services: ServicesDep, principal: PrincipalDep) -> FileDeleted:
+    """Refused (400 file_in_use) while a job that is not finished trains or validates on the file."""
+    with session_scope(services.sessions) as s:
+        ds = _get(s, file_id, principal)
+        blocking = datasets_db.delete_unless_in_use(s, ds)
+        if blocking:
+            raise InvalidInput(
+                f"file {file_id} is used by {len(blocking)} job(s) that have not finished "
+                f"({', '.join(blocking[:5])}); cancel them or wait for them to finish",
+                code="file_in_use",
+                param="file_id",
+            )
+    services.storage.dataset_path(file_id).unlink(missing_ok=True)
+    return FileDeleted(id=file_id, deleted=True)
