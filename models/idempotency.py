@@ -36,12 +36,7 @@ def claim(
         if row is None:  # released between our insert and read: try once more
             return claim(sessions, scope, key, request_hash)
         if row.status == "in_flight":
-            if utcnow() - row.created_at > STALE_AFTER:
-                s.execute(
-                    update(IdempotencyKey)
-                    .where(IdempotencyKey.scope == scope, IdempotencyKey.key == key)
-                    .values(request_hash=request_hash, created_at=utcnow())
-                )
+            if utcnow() - row.created_at > STALE_AFTER and _take_over(s, scope, key, request_hash):
                 return None
             raise Conflict(
                 "a request with this Idempotency-Key is still in flight; retry later",
@@ -51,6 +46,24 @@ def claim(
         _same_body(row, request_hash)
         assert row.response_status is not None and row.response_body is not None
         return row.response_status, row.response_body
+
+
+def _take_over(s: Session, scope: str, key: str, request_hash: str | None) -> bool:
+    """Compare-and-set: of the requests that read the key as stale, only the first to write it wins;
+    the others find it fresh (its created_at moved) and update nothing."""
+    now = utcnow()
+    result = s.execute(
+        update(IdempotencyKey)
+        .where(
+            IdempotencyKey.scope == scope,
+            IdempotencyKey.key == key,
+            IdempotencyKey.status == "in_flight",
+            IdempotencyKey.created_at < now - STALE_AFTER,
+        )
+        .values(request_hash=request_hash, created_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]
 
 
 def _same_body(row: IdempotencyKey, request_hash: str | None) -> None:
