@@ -59,7 +59,7 @@ async def create_file(request: Request, services: ServicesDep, principal: Princi
     tmp = services.storage.temp_file()
     try:
         filename, fields, report = await _receive_and_validate(request, services, principal, tmp)
-        _check_purpose(fields.get("purpose"))
+        _check_fields(fields)
         ds = _store(services, principal, tmp, filename, report)
     finally:
         tmp.unlink(missing_ok=True)
@@ -81,7 +81,16 @@ async def _receive_and_validate(
     return upload.filename, upload.fields, report
 
 
-def _check_purpose(purpose: str | None) -> None:
+def _check_fields(fields: dict[str, str]) -> None:
+    """`purpose` must be fine-tune; a field ftune cannot honour (`expires_after`) is refused, not ignored."""
+    for name in fields:
+        if name != "purpose":
+            raise InvalidInput(
+                f"{name!r} is not supported by ftune: files are kept until deleted",
+                code="unsupported_parameter",
+                param=name.split("[", 1)[0],
+            )
+    purpose = fields.get("purpose")
     if purpose != PURPOSE:
         got = "no purpose" if purpose is None else f"purpose {purpose!r}"
         raise InvalidInput(

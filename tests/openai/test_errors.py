@@ -21,6 +21,18 @@ def test_wrong_purpose_is_a_bad_request_naming_purpose(tenant: Tenant) -> None:
     assert native.get("/datasets").json()["data"] == []  # nothing stored
 
 
+def test_a_field_ftune_cannot_honour_is_refused_not_ignored(tenant: Tenant) -> None:
+    sdk, native = tenant
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk.files.create(
+            file=("a.jsonl", ALPACA),
+            purpose="fine-tune",
+            expires_after={"anchor": "created_at", "seconds": 3600},
+        )
+    assert (e.value.param, e.value.code) == ("expires_after", "unsupported_parameter")
+    assert native.get("/datasets").json()["data"] == []
+
+
 def test_another_tenants_file_is_not_found(tenant: Tenant, server: Server) -> None:
     sdk, _ = tenant
     file_id = sdk.files.create(file=("a.jsonl", ALPACA), purpose="fine-tune").id
