@@ -14,7 +14,7 @@ that resolves by itself (an Idempotency-Key still in flight) keeps 409.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Literal
 
 from fastapi import Request, Response
@@ -72,7 +72,7 @@ def error_response(
     message: str,
     code: str | None,
     param: str | None = None,
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     detail = OpenAIErrorDetail(message=message, type=error_type(status), param=param, code=code)
     return JSONResponse({"error": detail.model_dump()}, status, headers=headers)

@@ -150,8 +150,10 @@ def retrieve_file(file_id: str, session: SessionDep, principal: PrincipalDep) ->
 @router.get(
     "/{file_id}/content",
     response_class=FileResponse,
-    responses={200: {"content": {"application/octet-stream": {}}, "description": "the file"}}
-    | documented(404),
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "the file"},
+        **documented(404),
+    },
 )
 def file_content(
     file_id: str, services: ServicesDep, session: SessionDep, principal: PrincipalDep

@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from models.tables import Dataset
 
-PURPOSE = "fine-tune"
+PURPOSE: Literal["fine-tune"] = "fine-tune"
 FileStatus = Literal["uploaded", "processed", "error"]
 
 
