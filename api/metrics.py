@@ -31,7 +31,7 @@ class ServiceCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self.sessions() as s:
             counts = stats.counts_by_status(s)
-            durations = stats.finished_durations(s)
+            durations = stats.finished_durations(s, JOB_BUCKETS)
             throughput = stats.running_throughput(s)
             now = utcnow()
             workers = [(w, workers_db.is_alive(w, now)) for w in workers_db.list_workers(s)]
@@ -67,15 +67,14 @@ class ServiceCollector(Collector):
         yield fleet
 
 
-def _duration_histogram(durations: list[tuple[str, float]]) -> HistogramMetricFamily:
+def _duration_histogram(durations: dict[str, stats.Durations]) -> HistogramMetricFamily:
     h = HistogramMetricFamily(
         "ftune_job_duration_seconds", "Run time of finished jobs (last start to finish)", labels=["status"]
     )
-    for status in sorted({s for s, _ in durations}):
-        values = [d for s, d in durations if s == status]
-        buckets = [(str(b), float(sum(1 for v in values if v <= b))) for b in JOB_BUCKETS]
-        buckets.append(("+Inf", float(len(values))))
-        h.add_metric([status], buckets, sum_value=sum(values))
+    for status, d in sorted(durations.items()):
+        buckets = [(str(b), float(n)) for b, n in zip(JOB_BUCKETS, d.le, strict=True)]
+        buckets.append(("+Inf", float(d.jobs)))
+        h.add_metric([status], buckets, sum_value=d.total_seconds)
     return h
 
 
