@@ -11,7 +11,6 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.ratelimit import RateLimiter
-from api.token_stats import TokenStatsQueue
 from core.catalog import Catalog
 from core.settings import Settings
 from core.storage import Storage
@@ -25,11 +24,11 @@ class Services:
     sessions: sessionmaker[Session]
     storage: Storage
     catalog: Catalog
-    enqueue: Callable[[str], bool]
+    enqueue: Callable[[str], bool]  # wakes a worker for a job (ftune.run_job)
+    request_token_stats: Callable[[str], bool]  # asks a CPU worker for a job's token statistics
     broker_ping: Callable[[], bool]
     rate_limiter: RateLimiter
-    token_stats: TokenStatsQueue  # a new job's token statistics, computed in the background
-    local_principal: Principal | None  # set when auth is off
+    local_principal: Principal | None = None  # set at startup (lifespan) when auth is off
 
 
 def get_services(request: Request) -> Services:

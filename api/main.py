@@ -1,6 +1,8 @@
 """create_app(): the FastAPI application with its services wired from settings.
 
-Run it with `ftune api` (uvicorn --factory api.main:create_app).
+Run it with `ftune api` (uvicorn --factory api.main:create_app). Building the app has no side effect:
+it touches no file, database or broker; startup work (data directories, the bootstrap admin key) runs
+in the lifespan, and the engine is disposed on shutdown.
 """
 
 from __future__ import annotations
@@ -12,15 +14,15 @@ from contextlib import asynccontextmanager
 import redis
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from api import errors, openai
 from api.bodylimit import MAX_JSON_BODY_BYTES, BodySizeLimit
 from api.deps import Services
 from api.metrics import LatencyMiddleware, new_registry
-from api.queue import broker_enqueuer
+from api.queue import broker_publishers
 from api.ratelimit import RateLimiter
 from api.routes import dashboard, datasets, health, jobs, live, metrics, models, plan, workers
-from api.token_stats import Compute, TokenStatsQueue, subprocess_compute
 from core.catalog import Catalog
 from core.settings import Settings, get_settings
 from core.storage import Storage
@@ -58,42 +60,47 @@ def provision_auth(settings: Settings, sessions: sessionmaker[Session]) -> Princ
     return None
 
 
+def startup(services: Services) -> None:
+    services.storage.ensure()
+    services.local_principal = provision_auth(services.settings, services.sessions)
+    if not services.settings.redis_url:
+        log.warning("FTUNE_REDIS_URL is not set: jobs are stored but no worker will be woken")
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    yield
-    app.state.services.token_stats.close()  # kill a running computation rather than wait for it
+    services: Services = app.state.services
+    await run_in_threadpool(startup, services)
+    try:
+        yield
+    finally:
+        services.engine.dispose()
 
 
 def create_app(
     settings: Settings | None = None,
     enqueue: Callable[[str], bool] | None = None,
-    token_stats: Compute | None = None,
+    token_stats: Callable[[str], bool] | None = None,
 ) -> FastAPI:
-    """`enqueue` and `token_stats` (the computation) are injectable; by default the broker and the
-    `python -m training.token_stats` subprocess."""
+    """`enqueue` (wake a worker for a job) and `token_stats` (ask for a job's token statistics) are
+    injectable; by default both publish to the broker (core.queues)."""
     settings = settings or get_settings()
-    storage = Storage(settings.data_dir)
-    storage.ensure()
-    engine = make_engine(settings.resolved_database_url)
+    engine = make_engine(settings.resolved_database_url)  # connects on first use
     sessions = make_session_factory(engine)
+    if enqueue is None or token_stats is None:
+        run_job, stats = broker_publishers(settings)
+        enqueue, token_stats = enqueue or run_job, token_stats or stats
     services = Services(
         settings=settings,
         engine=engine,
         sessions=sessions,
-        storage=storage,
+        storage=Storage(settings.data_dir),
         catalog=Catalog(settings.models_dir, settings.hf_cache_dir),
-        enqueue=enqueue or broker_enqueuer(settings),
+        enqueue=enqueue,
+        request_token_stats=token_stats,
         broker_ping=redis_ping(settings.redis_url),
         rate_limiter=RateLimiter(settings.rate_limit_per_minute),
-        token_stats=TokenStatsQueue(
-            sessions,
-            token_stats or subprocess_compute(settings.token_stats_timeout_seconds),
-            settings.token_stats_max_waiting,
-        ),
-        local_principal=provision_auth(settings, sessions),
     )
-    if not settings.redis_url:
-        log.warning("FTUNE_REDIS_URL is not set: jobs are stored but no worker will be woken")
     app = FastAPI(
         title="ftune",
         version="0.1.0",

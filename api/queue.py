@@ -1,15 +1,16 @@
-"""The API's side of the broker: a Celery app used only to publish wake-up calls (core.queues)."""
+"""The API's side of the broker: publishers of wake-up calls (core.queues), on one Celery app that
+connects lazily, on the first publish: building them has no side effect."""
 
 from __future__ import annotations
 
 from celery import Celery
 
-from core.queues import Enqueuer, celery_config
+from core.queues import RUN_JOB, TOKEN_STATS, Enqueuer, celery_config
 from core.settings import Settings
 
 
-def broker_enqueuer(settings: Settings) -> Enqueuer:
-    """Connects lazily, on the first publish: building it has no side effect."""
+def broker_publishers(settings: Settings) -> tuple[Enqueuer, Enqueuer]:
+    """(run_job, token_stats) publishers."""
     app = Celery("ftune-api")
     app.conf.update(celery_config(settings))
-    return Enqueuer(app.send_task)
+    return Enqueuer(app.send_task, RUN_JOB), Enqueuer(app.send_task, TOKEN_STATS)

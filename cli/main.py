@@ -40,20 +40,23 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not settings.redis_url:
         print("FTUNE_REDIS_URL is not set (ftune up starts an embedded broker for you)", file=sys.stderr)
         return 2
-    from worker.celery_app import QUEUE
+    from core.queues import CPU_QUEUE, QUEUE
     from worker.tasks import app
 
+    # Two kinds of worker process, so short CPU work never waits behind a training job that holds a
+    # jobs worker (prefetch 1) for hours: "jobs" trains, one job per slot; "cpu" computes token statistics.
+    cpu = args.queue == "cpu"
     argv = [
         "worker",
         "--pool=threads",
-        f"--concurrency={args.concurrency or settings.worker_concurrency}",
-        f"--queues={QUEUE}",
+        f"--concurrency={args.concurrency or (1 if cpu else settings.worker_concurrency)}",
+        f"--queues={CPU_QUEUE if cpu else QUEUE}",
         "--loglevel=INFO",
         "--without-gossip",
         "--without-mingle",
     ]
     if settings.worker_name:
-        argv.append(f"--hostname={settings.worker_name}")
+        argv.append(f"--hostname={settings.worker_name}{'-cpu' if cpu else ''}")
     app.worker_main(argv)
     return 0
 
@@ -167,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     api.set_defaults(fn=cmd_api)
     worker = sub.add_parser("worker", help="run a Celery worker (needs FTUNE_REDIS_URL)")
     worker.add_argument("--concurrency", type=int, help="jobs at once (one per GPU)")
+    worker.add_argument(
+        "--queue",
+        choices=["jobs", "cpu"],
+        default="jobs",
+        help="jobs: train (default); cpu: token statistics of new jobs (ftune up starts one of each)",
+    )
     worker.set_defaults(fn=cmd_worker)
     reaper = sub.add_parser("reaper", help="requeue jobs of lost workers and re-send lost messages")
     reaper.add_argument("--once", action="store_true")

@@ -16,7 +16,12 @@ from core.settings import Settings
 
 RUN_JOB = "ftune.run_job"
 REAP = "ftune.reap"
-QUEUE = "ftune-jobs"
+TOKEN_STATS = "ftune.token_stats"
+QUEUE = "ftune-jobs"  # training: served by the workers of a device class, one job at a time each
+# Short CPU work (token statistics): its own queue and worker process, so it never waits behind a
+# training job that holds a jobs worker for hours.
+CPU_QUEUE = "ftune-cpu"
+QUEUE_OF = {RUN_JOB: QUEUE, REAP: QUEUE, TOKEN_STATS: CPU_QUEUE}
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +33,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "task_default_queue": QUEUE,
+        "task_routes": {name: {"queue": queue} for name, queue in QUEUE_OF.items()},
         "task_ignore_result": True,
         "task_serializer": "json",
         "accept_content": ["json"],
@@ -40,16 +46,24 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 
 class Enqueuer:
-    """Publishes a job's wake-up call with a Celery app's `send_task`. Returns False when the broker is
-    unreachable: the job is committed, and the reaper re-sends its message later."""
+    """Publishes a job's message for `task` (a wake-up call carrying the job id) with a Celery app's
+    `send_task`. Returns False when the broker is unreachable: the job is committed, and a lost run_job
+    is re-sent by the reaper (lost token statistics are filled from training's start record)."""
 
-    def __init__(self, send_task: Callable[..., Any]) -> None:
+    def __init__(self, send_task: Callable[..., Any], task: str = RUN_JOB) -> None:
         self.send_task = send_task
+        self.task = task
 
     def __call__(self, job_id: str) -> bool:
         try:
-            self.send_task(RUN_JOB, args=[job_id], retry=True, retry_policy={"max_retries": 2})
+            self.send_task(
+                self.task,
+                args=[job_id],
+                queue=QUEUE_OF[self.task],
+                retry=True,
+                retry_policy={"max_retries": 2},
+            )
         except Exception:
-            log.exception("could not publish job %s; the reaper will re-send it", job_id)
+            log.exception("could not publish %s for job %s", self.task, job_id)
             return False
         return True

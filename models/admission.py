@@ -7,8 +7,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from api.deps import Services
 from core.arch import load_architecture
+from core.catalog import Catalog
 from core.errors import InvalidInput, NotFound, Unsupported
 from core.planner import Plan
 from core.planner.feasibility import plan_for_fleet, plan_on, require_fits, tokens_per_epoch
@@ -22,7 +22,7 @@ from models.tables import Dataset
 log = logging.getLogger(__name__)
 
 
-def check_dataset(session: Session, dataset_id: str, tenant_id: str, param: str = "dataset_id") -> Dataset:
+def check_dataset(session: Session, *, dataset_id: str, tenant_id: str, param: str = "dataset_id") -> Dataset:
     """The caller's own valid dataset (even an admin trains only on its own tenant's data)."""
     ds = datasets_db.get_dataset(session, dataset_id, tenant_id)
     if ds is None:
@@ -41,11 +41,17 @@ def check_dataset(session: Session, dataset_id: str, tenant_id: str, param: str 
 
 
 def make_plan(
-    session: Session, services: Services, spec: JobSpec, gpu: str | None, tenant_id: str
+    session: Session,
+    *,
+    catalog: Catalog,
+    spec: JobSpec,
+    gpu: str | None,
+    tenant_id: str,
+    plan_gpu: str = "",
 ) -> Plan | None:
-    """Plan on a named GPU, else on the fleet, else on settings.plan_gpu; else None."""
+    """Plan on a named GPU, else on the fleet, else on `plan_gpu` (settings.plan_gpu); else None."""
     try:
-        model = services.catalog.get(spec.base_model)
+        model = catalog.get(spec.base_model)
     except NotFound as e:
         raise InvalidInput(e.message, code="model_not_found", param="base_model") from e
     arch = load_architecture(model.path)
@@ -57,17 +63,24 @@ def make_plan(
     fleet = [w.devices for w in workers_db.fleet(session)]
     if fleet:
         return plan_for_fleet(spec, arch, fleet, tokens)
-    if services.settings.plan_gpu:
-        return plan_on(spec, arch, resolve_gpu(services.settings.plan_gpu), tokens)
+    if plan_gpu:
+        return plan_on(spec, arch, resolve_gpu(plan_gpu), tokens)
     return None
 
 
-def admit(session: Session, services: Services, spec: JobSpec, tenant_id: str) -> Plan | None:
+def admit(
+    session: Session, *, catalog: Catalog, spec: JobSpec, tenant_id: str, plan_gpu: str = ""
+) -> Plan | None:
     """Raise a clear error for a job that cannot run; return the plan it was admitted on."""
-    check_dataset(session, spec.dataset_id, tenant_id)
+    check_dataset(session, dataset_id=spec.dataset_id, tenant_id=tenant_id)
     if spec.validation_dataset_id:
-        check_dataset(session, spec.validation_dataset_id, tenant_id, param="validation_dataset_id")
-    plan = make_plan(session, services, spec, None, tenant_id)
+        check_dataset(
+            session,
+            dataset_id=spec.validation_dataset_id,
+            tenant_id=tenant_id,
+            param="validation_dataset_id",
+        )
+    plan = make_plan(session, catalog=catalog, spec=spec, gpu=None, tenant_id=tenant_id, plan_gpu=plan_gpu)
     if spec.method == "full":
         raise Unsupported(
             "method 'full' can be planned (POST /plan) but this service trains LoRA and QLoRA adapters only",

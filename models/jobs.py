@@ -10,17 +10,12 @@ from sqlalchemy.orm import Session
 
 from core.data.token_stats import PENDING, TokenStats, needs_attention, summary
 from core.spec import ID_RE, JobSpec
-from core.states import TERMINAL, JobStatus
+from core.states import OWNED, JobStatus
 from models.pagination import newest_first, page
 from models.tables import Artifact, Job, JobEvent, utcnow
+from models.transitions import add_event, transition
 
-
-def add_event(
-    session: Session, job_id: str, kind: str, message: str, data: dict[str, Any] | None = None
-) -> JobEvent:
-    ev = JobEvent(job_id=job_id, kind=kind, message=message, data=data)
-    session.add(ev)
-    return ev
+__all__ = ["add_event", "transition"]  # re-exported: callers write jobs_db.add_event(...)
 
 
 def create_job(
@@ -48,7 +43,7 @@ def create_job(
     )
     session.add(job)
     session.flush()
-    add_event(session, job_id, "queued", "job accepted and queued")
+    add_event(session, job_id=job_id, kind="queued", message="job accepted and queued")
     return job
 
 
@@ -105,108 +100,190 @@ def _set_token_stats(session: Session, job_id: str, stats: dict[str, Any], condi
         return False
     if value.status == "ready":
         level = "warning" if needs_attention(value) else "info"
-        add_event(session, job_id, "token_stats", summary(value), {**stored, "level": level})
+        add_event(
+            session,
+            job_id=job_id,
+            kind="token_stats",
+            message=summary(value),
+            data={**stored, "level": level},
+        )
     elif value.error is not None:
         msg = f"token statistics failed ({value.error.code}): {value.error.message}"
-        add_event(session, job_id, "token_stats", msg, {**stored, "level": "warning"})
+        add_event(
+            session, job_id=job_id, kind="token_stats", message=msg, data={**stored, "level": "warning"}
+        )
     return True
 
 
-def mark_enqueued(session: Session, job_id: str) -> None:
+def mark_enqueued(session: Session, *, job_id: str) -> None:
     session.execute(update(Job).where(Job.id == job_id).values(enqueued_at=utcnow()))
 
 
-def claim(session: Session, job_id: str, worker_id: str, lease_seconds: float) -> int | None:
+def claim(session: Session, *, job_id: str, worker_id: str, lease_seconds: float) -> int | None:
     """queued -> running for this worker. Returns the new attempt number, or None if not claimable."""
     now = utcnow()
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JobStatus.QUEUED, Job.cancel_requested.is_(False))
-        .values(
-            status=JobStatus.RUNNING,
-            attempt=Job.attempt + 1,
-            worker_id=worker_id,
-            lease_until=now + timedelta(seconds=lease_seconds),
-            started_at=now,
-            updated_at=now,
-        )
+    claimed = transition(
+        session,
+        job_id=job_id,
+        src=JobStatus.QUEUED,
+        dst=JobStatus.RUNNING,
+        guards=(Job.cancel_requested.is_(False),),
+        values={
+            "attempt": Job.attempt + 1,
+            "worker_id": worker_id,
+            "lease_until": now + timedelta(seconds=lease_seconds),
+            "started_at": now,
+        },
     )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    if not claimed:
         return None
     attempt = session.scalar(select(Job.attempt).where(Job.id == job_id))
-    add_event(session, job_id, "started", f"attempt {attempt} started on {worker_id}", {"attempt": attempt})
+    msg = f"attempt {attempt} started on {worker_id}"
+    add_event(session, job_id=job_id, kind="started", message=msg, data={"attempt": attempt})
     return attempt
 
 
-def _running(job_id: str, attempt: int) -> Any:
-    return (Job.id == job_id, Job.attempt == attempt, Job.status == JobStatus.RUNNING)
-
-
-def heartbeat(session: Session, job_id: str, attempt: int, lease_seconds: float, **progress: Any) -> bool:
-    """Extend the lease and record progress. False means this worker no longer owns the job."""
+def heartbeat(session: Session, *, job_id: str, attempt: int, lease_seconds: float, **progress: Any) -> bool:
+    """Extend the lease and record progress (no change of status). False means this attempt no longer
+    owns the job."""
     now = utcnow()
     result = session.execute(
         update(Job)
-        .where(*_running(job_id, attempt))
+        .where(Job.id == job_id, Job.attempt == attempt, Job.status.in_(OWNED))
         .values(lease_until=now + timedelta(seconds=lease_seconds), updated_at=now, **progress)
     )
     return result.rowcount == 1  # type: ignore[attr-defined]
 
 
-def cancel_requested(session: Session, job_id: str) -> bool:
+def stop_wanted(session: Session, *, job_id: str) -> bool:
+    """Whether the run should checkpoint and stop: a cancel or a pause was asked for."""
+    row = session.execute(select(Job.status, Job.cancel_requested).where(Job.id == job_id)).one_or_none()
+    return row is not None and (row.cancel_requested or row.status == JobStatus.PAUSING)
+
+
+def cancel_requested(session: Session, *, job_id: str) -> bool:
     return bool(session.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
 
 
 def finish(
     session: Session,
+    *,
     job_id: str,
     attempt: int,
-    status: JobStatus,
+    dst: JobStatus,
     message: str,
     error: tuple[str, str] | None = None,
-) -> bool:
-    """running -> a terminal state (or back to queued for a retry), only for the owning attempt."""
-    now = utcnow()
-    values: dict[str, Any] = {"status": status, "updated_at": now, "lease_until": None}
-    if status in TERMINAL:
-        values["finished_at"] = now
-        values["eta_seconds"] = None
-    if error:
-        values["error_code"], values["error_message"] = error
-    result = session.execute(update(Job).where(*_running(job_id, attempt)).values(**values))
-    if result.rowcount != 1:  # type: ignore[attr-defined]
-        return False
+    paused_message: str | None = None,
+) -> JobStatus | None:
+    """End the owning attempt: to `dst`, or to paused instead of queued (a retry or a worker's shutdown)
+    when a pause was asked for meanwhile, with `paused_message`. Returns the status reached, None if the
+    attempt lost the job."""
+    values = {"error_code": error[0], "error_message": error[1]} if error else {}
     data = {"attempt": attempt, **({"code": error[0]} if error else {})}
-    add_event(session, job_id, str(status), message, data)
-    return True
+    for _ in range(len(OWNED) + 1):  # the API may move running -> pausing between the read and the write
+        src = session.scalar(select(Job.status).where(Job.id == job_id, Job.attempt == attempt))
+        if src not in OWNED:
+            return None
+        to = JobStatus.PAUSED if dst == JobStatus.QUEUED and src == JobStatus.PAUSING else dst
+        msg = message if to == dst else paused_message or f"{message}; paused as requested"
+        if transition(
+            session,
+            job_id=job_id,
+            src=JobStatus(src),
+            dst=to,
+            attempt=attempt,
+            values=values,
+            event=(str(to), msg, data),
+        ):
+            return to
+    return None
 
 
-def request_cancel(session: Session, job: Job) -> str:
-    """Cancel a queued job at once; ask a running one to stop. Returns what happened."""
-    now = utcnow()
+def release_expired(session: Session, *, job: Job) -> JobStatus | None:
+    """A job whose worker stopped renewing its lease: back in line to resume from its checkpoint (paused
+    if a pause was asked for), or failed once it has had max_attempts. None if someone else moved it."""
+    src = JobStatus(job.status)
+    lost = f"worker {job.worker_id} lost during attempt {job.attempt}"
+    if job.attempt >= job.max_attempts:
+        message = f"the worker was lost {job.attempt} times (max_attempts)"
+        dst, values = JobStatus.FAILED, {"error_code": "worker_lost", "error_message": message}
+        event = ("failed", message, {"code": "worker_lost", "attempt": job.attempt})
+    elif src == JobStatus.PAUSING:
+        dst, values = JobStatus.PAUSED, {}
+        event = ("paused", f"{lost}; paused as requested, resumes from its last checkpoint", None)
+    else:
+        dst, values = JobStatus.QUEUED, {"enqueued_at": utcnow()}
+        event = ("retried", f"{lost}; retrying from last checkpoint", {"attempt": job.attempt})
+    moved = transition(
+        session, job_id=job.id, src=src, dst=dst, attempt=job.attempt, values=values, event=event
+    )
+    return dst if moved else None
+
+
+def request_cancel(session: Session, *, job_id: str) -> str:
+    """Cancel a queued or paused job at once; ask a running (or pausing) one to stop. Returns what happened:
+    "cancelled", "cancelling" or "finished" (too late)."""
+    for src, how in ((JobStatus.QUEUED, "before it started"), (JobStatus.PAUSED, "while paused")):
+        if transition(
+            session,
+            job_id=job_id,
+            src=src,
+            dst=JobStatus.CANCELLED,
+            values={"cancel_requested": True},
+            event=("cancelled", f"cancelled {how}", None),
+        ):
+            return "cancelled"
     result = session.execute(
         update(Job)
-        .where(Job.id == job.id, Job.status == JobStatus.QUEUED)
-        .values(status=JobStatus.CANCELLED, cancel_requested=True, finished_at=now, updated_at=now)
+        .where(Job.id == job_id, Job.status.in_(OWNED))
+        .values(cancel_requested=True, updated_at=utcnow())
     )
     if result.rowcount == 1:  # type: ignore[attr-defined]
-        add_event(session, job.id, "cancelled", "cancelled before it started")
-        return "cancelled"
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job.id, Job.status == JobStatus.RUNNING)
-        .values(cancel_requested=True, updated_at=now)
-    )
-    if result.rowcount == 1:  # type: ignore[attr-defined]
-        add_event(session, job.id, "cancel_requested", "cancel requested; stopping after this step")
+        msg = "cancel requested; stopping after this step"
+        add_event(session, job_id=job_id, kind="cancel_requested", message=msg)
         return "cancelling"
     return "finished"
 
 
-def expired_leases(session: Session, now: datetime) -> list[Job]:
-    return list(
-        session.scalars(select(Job).where(Job.status == JobStatus.RUNNING, Job.lease_until < now)).all()
+def request_pause(session: Session, *, job_id: str) -> bool:
+    """Pause a queued job at once; ask a running one to checkpoint and stop. False if its state does not
+    allow a pause (pausing or paused already, being cancelled, or finished)."""
+    if transition(
+        session,
+        job_id=job_id,
+        src=JobStatus.QUEUED,
+        dst=JobStatus.PAUSED,
+        guards=(Job.cancel_requested.is_(False),),
+        event=("paused", "paused before it started", None),
+    ):
+        return True
+    return transition(
+        session,
+        job_id=job_id,
+        src=JobStatus.RUNNING,
+        dst=JobStatus.PAUSING,
+        guards=(Job.cancel_requested.is_(False),),
+        event=("pause_requested", "pause requested; checkpointing after this step", None),
     )
+
+
+def resume(session: Session, *, job_id: str) -> bool:
+    """paused -> queued: it continues from its last checkpoint, as after a lost worker. The caller wakes
+    a worker after the commit. False if the job is not paused."""
+    step = session.scalar(select(Job.step).where(Job.id == job_id))
+    return transition(
+        session,
+        job_id=job_id,
+        src=JobStatus.PAUSED,
+        dst=JobStatus.QUEUED,
+        # A pause does not use up a retry: the attempt the resumed run will claim is granted here.
+        values={"enqueued_at": utcnow(), "max_attempts": Job.max_attempts + 1},
+        event=("resumed", f"resumed; continues from its last checkpoint (step {step})", {"step": step}),
+    )
+
+
+def expired_leases(session: Session, *, now: datetime) -> list[Job]:
+    return list(session.scalars(select(Job).where(Job.status.in_(OWNED), Job.lease_until < now)).all())
 
 
 def stale_queued(session: Session, older_than: datetime) -> list[Job]:

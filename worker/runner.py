@@ -6,8 +6,6 @@ The lease is extended on every progress tick; a stale worker's writes are refuse
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -18,11 +16,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.catalog import Catalog
+from core.process import child_env
 from core.run_protocol import (
     EXIT_STOPPED,
     CheckpointRecord,
@@ -50,7 +49,6 @@ log = logging.getLogger(__name__)
 # torchrun forwards our SIGTERM to its ranks and SIGKILLs them after this long (its default is 30 s):
 # enough for the step in flight and a checkpoint.
 SHUTDOWN_TIMEOUT_S = 600
-PR_SET_PDEATHSIG = 1
 NO_RETRY_CODES = {"out_of_memory", "invalid_dataset", "invalid_spec"}
 
 # Set when the worker process is shutting down: running jobs checkpoint, stop and go back to the queue.
@@ -79,7 +77,9 @@ class JobRunner:
 
     def run(self, job_id: str) -> str:
         with session_scope(self.sessions) as s:
-            attempt = jobs_db.claim(s, job_id, self.me, self.settings.lease_seconds)
+            attempt = jobs_db.claim(
+                s, job_id=job_id, worker_id=self.me, lease_seconds=self.settings.lease_seconds
+            )
         if attempt is None:
             log.info("job %s is not claimable (duplicate message, cancelled or finished); skipping", job_id)
             return "skipped"
@@ -130,21 +130,11 @@ class JobRunner:
         tail = RecordTail(self.storage.metrics_path(job_id))
         tail.read_new()  # skip records of earlier attempts
         with self.storage.log_path(job_id).open("ab") as logf:
-            proc = subprocess.Popen(
-                self.command(run_json),
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # a Ctrl-C on the terminal reaches us, not the trainer
-                env={
-                    **os.environ,
-                    "PYTHONUNBUFFERED": "1",
-                    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT_S),
-                },
-                preexec_fn=_stop_when_parent_dies,
-            )
+            proc = spawn(self.command(run_json), logf)
         with session_scope(self.sessions) as s:
             msg = f"training process {proc.pid} started"
-            jobs_db.add_event(s, job_id, "process_started", msg, {"pid": proc.pid, "attempt": attempt})
+            data = {"pid": proc.pid, "attempt": attempt}
+            jobs_db.add_event(s, job_id=job_id, kind="process_started", message=msg, data=data)
         stop_sent = False
         owned = True
         stopped = False  # torchrun exits 1 whatever its ranks return, so a stop is read from the metrics
@@ -153,7 +143,7 @@ class JobRunner:
             records = tail.read_new()
             stopped = stopped or any(isinstance(r, StoppedRecord) for r in records)
             owned = self._relay(job_id, attempt, records)
-            if not stop_sent and (not owned or shutting_down.is_set() or self._cancel_requested(job_id)):
+            if not stop_sent and (not owned or shutting_down.is_set() or self._stop_wanted(job_id)):
                 proc.send_signal(signal.SIGTERM)
                 stop_sent = True
         records = tail.read_new()
@@ -165,9 +155,13 @@ class JobRunner:
         rc = proc.returncode
         return self._outcome(job_id, attempt, EXIT_STOPPED if stopped and rc != 0 else rc)
 
+    def _stop_wanted(self, job_id: str) -> bool:
+        with session_scope(self.sessions) as s:
+            return jobs_db.stop_wanted(s, job_id=job_id)
+
     def _cancel_requested(self, job_id: str) -> bool:
         with session_scope(self.sessions) as s:
-            return jobs_db.cancel_requested(s, job_id)
+            return jobs_db.cancel_requested(s, job_id=job_id)
 
     def _relay(self, job_id: str, attempt: int, records: list[Record]) -> bool:
         """Store progress and checkpoint records; extend the lease. False if the job is no longer ours."""
@@ -182,11 +176,13 @@ class JobRunner:
                         progress["predicted_peak_bytes"] = rec.predicted_peak_bytes
                     resumed = rec.resumed_from_step
                     msg = f"training resumed from step {resumed}" if resumed else "training started"
-                    jobs_db.add_event(s, job_id, "training_started", msg, rec.model_dump(mode="json"))
+                    data = rec.model_dump(mode="json")
+                    jobs_db.add_event(s, job_id=job_id, kind="training_started", message=msg, data=data)
                     self._fill_token_stats(s, job_id, rec)
                 elif isinstance(rec, CheckpointRecord):
                     self._register_checkpoint(s, job_id, rec)
-            return jobs_db.heartbeat(s, job_id, attempt, self.settings.lease_seconds, **progress)
+            lease = self.settings.lease_seconds
+            return jobs_db.heartbeat(s, job_id=job_id, attempt=attempt, lease_seconds=lease, **progress)
 
     def _fill_token_stats(self, s: Session, job_id: str, rec: StartRecord) -> None:
         """If the API process did not store them (it died, timed out or failed), training's count will do."""
@@ -204,7 +200,8 @@ class JobRunner:
         relpath = path.relative_to(job_dir).as_posix()
         jobs_db.add_artifact(s, new_id(), job_id, "checkpoint", relpath, size, digest, rec.step)
         data = rec.model_dump(mode="json")
-        jobs_db.add_event(s, job_id, "checkpoint_saved", f"checkpoint at step {rec.step}", data)
+        msg = f"checkpoint at step {rec.step}"
+        jobs_db.add_event(s, job_id=job_id, kind="checkpoint_saved", message=msg, data=data)
 
     def _outcome(self, job_id: str, attempt: int, rc: int) -> str:
         if rc == 0:
@@ -221,17 +218,20 @@ class JobRunner:
         if rc == EXIT_STOPPED and self._cancel_requested(job_id):
             self._finish(job_id, attempt, JobStatus.CANCELLED, "cancelled; checkpoint saved")
             return "cancelled"
-        if rc == EXIT_STOPPED:
-            self._finish(job_id, attempt, JobStatus.QUEUED, "worker shutting down; will resume later")
-            self.enqueue(job_id)
-            return "requeued"
+        if rc == EXIT_STOPPED:  # a pause, or this worker is shutting down
+            paused = "paused; checkpoint saved, a resume continues from it"
+            to = self._finish(
+                job_id, attempt, JobStatus.QUEUED, "worker shutting down; will resume later", None, paused
+            )
+            return self._requeued(job_id, to, "requeued")
         code, message = self._read_error(job_id, rc)
         if code == "out_of_memory":
             message += self._memory_note(job_id)
         if code not in NO_RETRY_CODES and self._attempts_left(job_id, attempt):
-            self._finish(job_id, attempt, JobStatus.QUEUED, f"attempt {attempt} failed ({message}); retrying")
-            self.enqueue(job_id)
-            return "retrying"
+            to = self._finish(
+                job_id, attempt, JobStatus.QUEUED, f"attempt {attempt} failed ({message}); retrying"
+            )
+            return self._requeued(job_id, to, "retrying")
         self._finish(job_id, attempt, JobStatus.FAILED, message, (code, message))
         return "failed"
 
@@ -263,17 +263,40 @@ class JobRunner:
         return "training_error", f"training process exited with code {rc}; see the job log"
 
     def _finish(
-        self, job_id: str, attempt: int, status: JobStatus, message: str, error: tuple[str, str] | None = None
-    ) -> None:
+        self,
+        job_id: str,
+        attempt: int,
+        status: JobStatus,
+        message: str,
+        error: tuple[str, str] | None = None,
+        paused_message: str | None = None,
+    ) -> JobStatus | None:
         with session_scope(self.sessions) as s:
-            if not jobs_db.finish(s, job_id, attempt, status, message, error):
+            to = jobs_db.finish(
+                s,
+                job_id=job_id,
+                attempt=attempt,
+                dst=status,
+                message=message,
+                error=error,
+                paused_message=paused_message,
+            )
+            if to is None:
                 log.warning(
                     "job %s: attempt %d no longer owns the job; outcome %s dropped", job_id, attempt, status
                 )
-                return
-            if status == JobStatus.QUEUED:
-                jobs_db.mark_enqueued(s, job_id)
-        log.info("job %s: %s (%s)", job_id, status, message)
+                return None
+            if to == JobStatus.QUEUED:
+                jobs_db.mark_enqueued(s, job_id=job_id)
+        log.info("job %s: %s (%s)", job_id, to, message)
+        return to
+
+    def _requeued(self, job_id: str, to: JobStatus | None, outcome: str) -> str:
+        """Wake a worker (after the commit) for a job back in the queue; a paused one waits for a resume."""
+        if to == JobStatus.QUEUED:
+            self.enqueue(job_id)
+            return outcome
+        return "paused" if to == JobStatus.PAUSED else "lost"
 
 
 def _column_mapping(s: Session, dataset_id: str | None) -> dict[str, str] | None:
@@ -282,10 +305,16 @@ def _column_mapping(s: Session, dataset_id: str | None) -> dict[str, str] | None
     return dataset.report.get("column_mapping") if dataset else None
 
 
-def _stop_when_parent_dies() -> None:
-    """In the child: SIGTERM it if the worker dies, so no orphan trains on beside a retry (Linux only)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+def spawn(command: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start a child of this worker. No preexec_fn (not fork-safe in a threaded worker): the child stops
+    itself when this process ends (core.process.stop_with_worker, told our pid by child_env)."""
+    return subprocess.Popen(
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # a Ctrl-C on the terminal reaches us, not the trainer
+        env=child_env(PYTHONUNBUFFERED="1", TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(SHUTDOWN_TIMEOUT_S)),
+    )
 
 
 def training_command(run_json: Path) -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from celery.signals import worker_ready, worker_shutting_down
 
-from core.queues import Enqueuer
+from core.queues import TOKEN_STATS, Enqueuer
 from core.settings import get_settings
 from models import workers as workers_db
 from models.db import make_engine, make_session_factory, session_scope
@@ -17,15 +17,19 @@ from worker import runner
 from worker.celery_app import QUEUE, REAP, RUN_JOB, app
 from worker.devices import detect_devices
 from worker.reaper import reap
+from worker.token_stats import compute_and_store, subprocess_compute
 
 log = logging.getLogger(__name__)
+
+# Set when this process serves the training queue and so is in the fleet table (a CPU worker is not).
+_in_fleet = threading.Event()
 
 
 @lru_cache
 def _runner() -> runner.JobRunner:
     settings = get_settings()
     sessions = make_session_factory(make_engine(settings.resolved_database_url))
-    return runner.JobRunner(settings, sessions, Enqueuer(app.send_task))
+    return runner.JobRunner(settings, sessions, Enqueuer(app.send_task, RUN_JOB))
 
 
 def _queue_depth() -> int | None:
@@ -41,6 +45,16 @@ def run_job(job_id: str) -> str:
     return _runner().run(job_id)
 
 
+@app.task(name=TOKEN_STATS, acks_late=True)
+def token_stats(job_id: str) -> str:
+    r = _runner()
+    compute = subprocess_compute(r.settings.token_stats_timeout_seconds)
+    stop = runner.shutting_down  # a shutdown kills the computation; training's start fills them then
+    return compute_and_store(
+        r.sessions, catalog=r.catalog, storage=r.storage, compute=compute, job_id=job_id, stop=stop
+    )
+
+
 @app.task(name=REAP)
 def reap_now() -> dict[str, int]:
     r = _runner()
@@ -49,8 +63,9 @@ def reap_now() -> dict[str, int]:
 
 def _tick() -> None:
     r = _runner()
-    with session_scope(r.sessions) as s:
-        workers_db.heartbeat(s, r.me)
+    if _in_fleet.is_set():
+        with session_scope(r.sessions) as s:
+            workers_db.heartbeat(s, r.me)
     reap_now()
 
 
@@ -63,12 +78,15 @@ def _tick_forever(stop: threading.Event, interval: float) -> None:
 
 
 @worker_ready.connect
-def _on_ready(**_: Any) -> None:
+def _on_ready(sender: Any = None, **_: Any) -> None:
     r = _runner()
-    devices = detect_devices(r.settings.worker_devices)
-    with session_scope(r.sessions) as s:
-        workers_db.register(s, r.me, runner.socket.gethostname(), devices)
-    log.info("worker %s registered with devices %s", r.me, devices)
+    queues = set(sender.app.amqp.queues.consume_from) if sender is not None else {QUEUE}
+    if QUEUE in queues:  # a trainer joins the fleet the planner admits against; a CPU worker does not
+        devices = detect_devices(r.settings.worker_devices)
+        with session_scope(r.sessions) as s:
+            workers_db.register(s, r.me, runner.socket.gethostname(), devices)
+        _in_fleet.set()
+        log.info("worker %s registered with devices %s", r.me, devices)
     reap_now()  # at start: jobs of a worker that died while we were down
     interval = r.settings.reaper_interval_seconds
     threading.Thread(target=_tick_forever, args=(runner.shutting_down, interval), daemon=True).start()
@@ -78,6 +96,7 @@ def _on_ready(**_: Any) -> None:
 def _on_shutdown(**_: Any) -> None:
     # Running jobs checkpoint, stop and go back to the queue instead of blocking shutdown for hours.
     runner.shutting_down.set()
-    r = _runner()
-    with session_scope(r.sessions) as s:
-        workers_db.mark_stopped(s, r.me)
+    if _in_fleet.is_set():
+        r = _runner()
+        with session_scope(r.sessions) as s:
+            workers_db.mark_stopped(s, r.me)

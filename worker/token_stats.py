@@ -1,22 +1,20 @@
-"""A new job's token statistics, computed in the background of the API process.
+"""A job's token statistics: the work of the `ftune.token_stats` task, served on the CPU queue.
 
-One thread per process runs `python -m training.token_stats` (a subprocess: the API never imports
-torch) with a timeout, then stores the result on the job unless training's start filled it first
-(models.jobs.store_token_stats). If this process dies first the job stays "pending" until the worker
-fills it from training's start record (worker.runner).
+`python -m training.token_stats` runs as a subprocess (the worker never imports training or torch) with
+a timeout; the answer is stored on the job unless training's start filled it first
+(models.jobs.store_token_stats). The message carries the job id only: model, dataset, mapping and spec
+are read from the database and resolved to paths here, never taken from users.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,9 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.catalog import Catalog
-from core.data.token_stats import TokenStats, failed
+from core.data.token_stats import PENDING, TokenStats, failed
+from core.errors import FtuneError
+from core.process import child_env
 from core.spec import JobSpec
 from core.storage import Storage
 from models import datasets as datasets_db
@@ -39,7 +39,7 @@ POLL_SECONDS = 0.25  # how soon a shutdown or the timeout kills a running comput
 
 @dataclass(frozen=True)
 class StatsRequest:
-    """Everything the computation needs; the paths are resolved from ids, never taken from users."""
+    """Everything the computation needs, resolved from the job's row."""
 
     job_id: str
     model_dir: Path
@@ -49,15 +49,18 @@ class StatsRequest:
 
 
 # Returns the value to store ({"status": "ready", ...} or core.data.token_stats.failed(...)), or None when
-# stopped by a shutdown (nothing is stored: the job stays "pending" for the worker to fill).
+# stopped by a shutdown (nothing is stored: the job stays "pending" for training's start to fill).
 Compute = Callable[[StatsRequest, threading.Event], dict[str, Any] | None]
 
 
-def request_for(
-    session: Session, catalog: Catalog, storage: Storage, job_id: str, spec: JobSpec, tenant_id: str
-) -> StatsRequest:
-    """The request for an admitted job (its model and dataset were checked by admission)."""
-    dataset = datasets_db.get_dataset(session, spec.dataset_id, tenant_id)
+def request_for(session: Session, *, catalog: Catalog, storage: Storage, job_id: str) -> StatsRequest | None:
+    """The request for a job, or None when there is nothing to do: the job is gone, or its statistics
+    are no longer pending (a redelivered message, or training's start filled them)."""
+    job = jobs_db.get_job(session, job_id)
+    if job is None or (job.token_stats or {}).get("status") != PENDING["status"]:
+        return None
+    spec = JobSpec.model_validate(job.spec)
+    dataset = datasets_db.get_dataset(session, spec.dataset_id)
     return StatsRequest(
         job_id=job_id,
         model_dir=catalog.get(spec.base_model).path,
@@ -67,59 +70,34 @@ def request_for(
     )
 
 
-class TokenStatsQueue:
-    """A bounded background queue: one worker thread, at most `max_waiting` computations queued."""
-
-    def __init__(self, sessions: sessionmaker[Session], compute: Compute, max_waiting: int) -> None:
-        self.sessions = sessions
-        self.compute = compute
-        self.max_waiting = max_waiting
-        self._lock = threading.Lock()
-        self._waiting = 0
-        self._executor: ThreadPoolExecutor | None = None
-        self._stop = threading.Event()
-
-    def submit(self, request: StatsRequest) -> Future[None] | None:
-        """Queue the computation; when the queue is full, record that it was skipped."""
-        with self._lock:
-            if self._waiting < self.max_waiting:
-                self._waiting += 1
-                if self._executor is None:  # started on first use, and again after a close()
-                    self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="token-stats")
-                    self._stop = threading.Event()
-                return self._executor.submit(self._run, request, self._stop)
-        waiting = f"{self.max_waiting} computations were waiting already"
-        self._store(request.job_id, failed("busy", f"{waiting}; they are filled when training starts"))
-        return None
-
-    def close(self) -> None:
-        """Kill a running computation and drop the waiting ones (their jobs stay "pending")."""
-        with self._lock:
-            executor, self._executor = self._executor, None
-            self._stop.set()
-            self._waiting = 0
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
-
-    def _run(self, request: StatsRequest, stop: threading.Event) -> None:
-        try:
-            result = self.compute(request, stop)
-        except Exception:
-            log.exception("job %s: token statistics failed", request.job_id)
-            result = failed("token_stats_error", "token statistics failed; see the server log")
-        finally:
-            with self._lock:
-                self._waiting = max(0, self._waiting - 1)
-        if result is not None:
-            self._store(request.job_id, result)
-
-    def _store(self, job_id: str, result: dict[str, Any]) -> None:
-        try:
-            with session_scope(self.sessions) as s:
-                if not jobs_db.store_token_stats(s, job_id, result):
-                    log.info("job %s: token statistics already filled by training; kept those", job_id)
-        except Exception:  # e.g. the database is away: the worker fills them at training start
-            log.exception("job %s: token statistics could not be stored", job_id)
+def compute_and_store(
+    sessions: sessionmaker[Session],
+    *,
+    catalog: Catalog,
+    storage: Storage,
+    compute: Compute,
+    job_id: str,
+    stop: threading.Event,
+) -> str:
+    """Compute and store one job's statistics; returns what happened (for the task's log)."""
+    try:
+        with sessions() as s:
+            request = request_for(s, catalog=catalog, storage=storage, job_id=job_id)
+        if request is None:
+            return "skipped"
+        result = compute(request, stop)
+    except FtuneError as e:  # e.g. the base model was removed after admission
+        result = failed(e.code, e.message)
+    except Exception:
+        log.exception("job %s: token statistics failed", job_id)
+        result = failed("token_stats_error", "token statistics failed; see the worker log")
+    if result is None:
+        return "stopped"
+    with session_scope(sessions) as s:
+        if not jobs_db.store_token_stats(s, job_id, result):
+            log.info("job %s: token statistics already filled by training; kept those", job_id)
+            return "kept"
+    return str(result["status"])
 
 
 def subprocess_compute(timeout_seconds: float) -> Compute:
@@ -133,10 +111,15 @@ def subprocess_compute(timeout_seconds: float) -> Compute:
             "--spec", request.spec_json,
             "--column-mapping", json.dumps(request.column_mapping),
         ]  # fmt: skip
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        # No preexec_fn (unsafe in a threaded server): the child lowers its own priority and ties
-        # itself to this process (training.token_stats.detach_from_requests).
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        # No preexec_fn (not fork-safe in a threaded worker): the child ties itself to this process.
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env=child_env(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"),
+        )
         deadline = time.monotonic() + timeout_seconds
         while True:
             try:
@@ -177,4 +160,4 @@ def parse_output(job_id: str, returncode: int, stdout: str, stderr: str) -> dict
             log.exception("job %s: token statistics answer of an unexpected shape: %s", job_id, answer)
     else:
         log.warning("job %s: token statistics exited with %d\n%s", job_id, returncode, stderr[-4000:])
-    return failed("token_stats_error", f"token statistics exited with code {returncode}; see the server log")
+    return failed("token_stats_error", f"token statistics exited with code {returncode}; see the worker log")

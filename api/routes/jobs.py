@@ -1,4 +1,5 @@
-"""Jobs: submit (validated and planned before it is queued), inspect, cancel, events, downloads."""
+"""Jobs: submit (validated and planned before it is queued), inspect, cancel, pause/resume, events,
+downloads. Translation only: the work is in models (submission, jobs)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,18 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse, JSONResponse
 
-from api.admission import admit
 from api.auth import PrincipalDep, scope
 from api.deps import Services, ServicesDep, SessionDep
 from api.idempotency import IdempotencyKeyHeader, body_hash, run_once
 from api.responses import AUTHED, errors
 from api.schemas import ArtifactOut, EventOut, EventPage, JobOut, Page, artifact_out, event_out, job_out
-from api.token_stats import request_for
-from core.errors import Conflict, NotFound, RateLimited
+from core.errors import Conflict, NotFound
 from core.run_protocol import EvalRecord, StepRecord, read_records
 from core.spec import JobSpec
 from core.states import JobStatus
-from core.storage import atomic_write_text, new_id
 from models import jobs as jobs_db
-from models import tenants as tenants_db
 from models.db import session_scope
+from models.submission import submit_job
 from models.tables import Job
 from models.tenants import Principal
 
@@ -53,27 +51,18 @@ def create_job(
 
 
 def _create_job(spec: JobSpec, services: Services, principal: Principal) -> JSONResponse:
-    job_id = new_id()
-    settings = services.settings
-    with session_scope(services.sessions) as s:
-        if tenants_db.active_jobs(s, principal.tenant_id) >= settings.max_active_jobs_per_tenant:
-            raise RateLimited(
-                f"at most {settings.max_active_jobs_per_tenant} queued or running jobs per tenant",
-                retry_after=60,
-                code="too_many_jobs",
-            )
-        plan = admit(s, services, spec, principal.tenant_id)
-        predicted = plan.allocated_bytes if plan else None
-        jobs_db.create_job(s, principal.tenant_id, job_id, spec, predicted, settings.max_attempts)
-        if plan is not None:  # the itemised prediction, shown beside the measured peak on the job page
-            atomic_write_text(services.storage.plan_path(job_id), plan.model_dump_json())
-        jobs_db.mark_enqueued(s, job_id)
-        stats = request_for(s, services.catalog, services.storage, job_id, spec, principal.tenant_id)
-    services.token_stats.submit(stats)  # in the background: the job is committed, "pending" until then
-    with services.sessions() as s:  # read before the wake-up: the answer is the job as accepted, queued
-        out = job_out(_get(s, job_id, principal))
-    services.enqueue(job_id)  # if the broker is down the reaper re-sends it; the job is safe in the DB
-    return JSONResponse(out.model_dump(mode="json"), 202, headers={"Location": f"/jobs/{job_id}"})
+    job = submit_job(
+        services.sessions,
+        settings=services.settings,
+        catalog=services.catalog,
+        storage=services.storage,
+        spec=spec,
+        tenant_id=principal.tenant_id,
+        enqueue=services.enqueue,
+        request_token_stats=services.request_token_stats,
+    )
+    out = job_out(job).model_dump(mode="json")
+    return JSONResponse(out, 202, headers={"Location": f"/jobs/{job.id}"})
 
 
 @router.get("", response_model=Page[JobOut])
@@ -95,14 +84,53 @@ def get_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> JobOut
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut, responses=errors(404, 409))
 def cancel_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> JobOut:
-    """Cancel: a queued job at once; a running one stops after its current step and saves a checkpoint."""
+    """Cancel: a queued or paused job at once; a running one stops after its current step and saves a
+    checkpoint."""
     with session_scope(services.sessions) as s:
-        outcome = jobs_db.request_cancel(s, _get(s, job_id, principal))
+        outcome = jobs_db.request_cancel(s, job_id=_get(s, job_id, principal).id)
     with services.sessions() as s:
         job = _get(s, job_id, principal)
         if outcome == "finished":
             raise Conflict(f"job {job_id} already {job.status}", code="job_finished", param="job_id")
         return job_out(job)
+
+
+@router.post("/{job_id}/pause", status_code=202, response_model=JobOut, responses=errors(404, 409))
+def pause_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> JobOut:
+    """Pause: a queued job at once (`paused`); a running one is `pausing` until it has saved a checkpoint
+    after its current step and stopped (`paused`). POST /jobs/{id}/resume continues it from there."""
+    with session_scope(services.sessions) as s:
+        paused = jobs_db.request_pause(s, job_id=_get(s, job_id, principal).id)
+    with services.sessions() as s:
+        job = _get(s, job_id, principal)
+        if not paused:
+            why = " (a cancel was requested)" if job.cancel_requested else ""
+            raise Conflict(
+                f"job {job_id} is {job.status}{why}; only a queued or running job can be paused",
+                code="job_not_pausable",
+                param="job_id",
+                details={"status": job.status, "cancel_requested": job.cancel_requested},
+            )
+        return job_out(job)
+
+
+@router.post("/{job_id}/resume", status_code=202, response_model=JobOut, responses=errors(404, 409))
+def resume_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> JobOut:
+    """Resume a paused job: it is queued again and continues from its last checkpoint."""
+    with session_scope(services.sessions) as s:
+        resumed = jobs_db.resume(s, job_id=_get(s, job_id, principal).id)
+    with services.sessions() as s:
+        job = _get(s, job_id, principal)
+        if not resumed:
+            raise Conflict(
+                f"job {job_id} is {job.status}; only a paused job can be resumed",
+                code="job_not_paused",
+                param="job_id",
+                details={"status": job.status},
+            )
+        out = job_out(job)
+    services.enqueue(job_id)  # after the commit; if the broker is down the reaper re-sends it
+    return out
 
 
 @router.get("/{job_id}/events", response_model=EventPage, responses=errors(404))

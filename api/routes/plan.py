@@ -5,13 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import Field
 
-from api.admission import make_plan
 from api.auth import PrincipalDep
 from api.deps import ServicesDep, SessionDep
 from api.responses import AUTHED, errors
 from core.errors import Unavailable
 from core.planner import Plan
 from core.spec import JobSpec
+from models.admission import make_plan
 
 router = APIRouter(tags=["plan"], responses=errors(*AUTHED))
 
@@ -26,7 +26,14 @@ class PlanRequest(JobSpec):
 def plan(request: PlanRequest, session: SessionDep, services: ServicesDep, principal: PrincipalDep) -> Plan:
     """Predicted peak memory per GPU, itemised; the verdict; and, if it does not fit, changes that do."""
     spec = JobSpec.model_validate(request.model_dump(exclude={"gpu"}))
-    result = make_plan(session, services, spec, request.gpu, principal.tenant_id)
+    result = make_plan(
+        session,
+        catalog=services.catalog,
+        spec=spec,
+        gpu=request.gpu,
+        tenant_id=principal.tenant_id,
+        plan_gpu=services.settings.plan_gpu,
+    )
     if result is None:
         raise Unavailable("no worker has reported its devices yet; name a target GPU in 'gpu'", param="gpu")
     return result

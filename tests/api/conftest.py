@@ -1,9 +1,9 @@
-"""API tests in-process (TestClient) against a real migrated database; the broker is a recorded double."""
+"""API tests in-process (TestClient) against a real migrated database; the broker is a recorded double.
+(Token statistics computed by a real worker on a real broker: tests/api/test_token_stats.py.)"""
 
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,8 +13,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from api.token_stats import StatsRequest
 from core.settings import Settings
+from models import jobs as jobs_db
 from models.db import session_scope
 from models.tenants import create_key
 
@@ -31,17 +31,23 @@ class RecordingEnqueuer:
 
 
 class RecordingTokenStats:
-    """The token statistics computation as a double: records each request and returns `result`
-    (None: nothing is stored, the job's token_stats stay "pending"). The real subprocess runs in
-    tests/api/test_token_stats.py."""
+    """The token statistics request as a double: records each job id and, given `result` and bound to
+    the app's sessions, stores it as the worker would (else the job's token_stats stay "pending")."""
 
     def __init__(self, result: dict[str, Any] | None = None) -> None:
         self.result = result
-        self.requests: list[StatsRequest] = []
+        self.sent: list[str] = []
+        self.sessions: Any = None
 
-    def __call__(self, request: StatsRequest, stop: threading.Event) -> dict[str, Any] | None:
-        self.requests.append(request)
-        return self.result
+    def bind(self, app: FastAPI) -> None:
+        self.sessions = app.state.services.sessions
+
+    def __call__(self, job_id: str) -> bool:
+        self.sent.append(job_id)
+        if self.result is not None and self.sessions is not None:
+            with session_scope(self.sessions) as s:
+                jobs_db.store_token_stats(s, job_id, self.result)
+        return True
 
 
 @pytest.fixture
@@ -73,8 +79,8 @@ def app(
     settings: Settings, enqueued: RecordingEnqueuer, token_stats: RecordingTokenStats
 ) -> Iterator[FastAPI]:
     app = create_app(settings, enqueue=enqueued, token_stats=token_stats)
+    token_stats.bind(app)
     yield app
-    app.state.services.token_stats.close()
     app.state.services.engine.dispose()
 
 

@@ -37,6 +37,7 @@ def test_missing_or_wrong_key_is_401_on_every_route(
     app: FastAPI, client: TestClient, dataset_id: str
 ) -> None:
     ids = {"job_id": _job(client, dataset_id), "dataset_id": dataset_id, "artifact_id": new_id()}
+    ids["file_id"] = dataset_id  # /v1/files: the same rows
     revoked = new_key(app, "acme")
     assert client.get("/jobs", headers=revoked).status_code == 200
     with session_scope(app.state.services.sessions) as s:
@@ -78,11 +79,11 @@ def _succeeded_job(app: FastAPI, client: TestClient, dataset_id: str) -> str:
     storage.metrics_path(job_id).write_text(encode(step) + "\n")
     storage.adapter_archive(job_id).write_bytes(b"adapter bytes")
     with session_scope(app.state.services.sessions) as s:
-        attempt = jobs_db.claim(s, job_id, "w", 60)
+        attempt = jobs_db.claim(s, job_id=job_id, worker_id="w", lease_seconds=60)
         assert attempt is not None
         jobs_db.add_artifact(s, new_id(), job_id, "checkpoint", "checkpoints/step-1", 1, "0" * 64, 1)
         jobs_db.add_artifact(s, new_id(), job_id, "adapter", "adapter.tar.gz", 13, "1" * 64, 1)
-        assert jobs_db.finish(s, job_id, attempt, JobStatus.SUCCEEDED, "done")
+        assert jobs_db.finish(s, job_id=job_id, attempt=attempt, dst=JobStatus.SUCCEEDED, message="done")
     return job_id
 
 
@@ -113,10 +114,11 @@ def test_other_tenant_gets_404_for_everything(
         }
     assert len(client.get(f"/jobs/{done}/artifacts").json()) == 2
     assert client.get(f"/jobs/{done}/adapter").content == b"adapter bytes"
-    # Cancelling: 404 for a queued job (left untouched) and for a finished one (not a telling 409).
+    # Cancel, pause, resume: 404 for a queued job (left untouched) and a finished one (not a telling 409).
     for job_id in (queued, done):
-        r = other_client.post(f"/jobs/{job_id}/cancel")
-        assert r.status_code == 404 and r.json()["error"]["code"] == "job_not_found"
+        for action in ("cancel", "pause", "resume"):
+            r = other_client.post(f"/jobs/{job_id}/{action}")
+            assert r.status_code == 404 and r.json()["error"]["code"] == "job_not_found", action
     job = client.get(f"/jobs/{queued}").json()
     assert job["status"] == "queued" and job["cancel_requested"] is False
     # Lists hide them, with any filter and page size.

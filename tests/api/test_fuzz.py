@@ -69,10 +69,11 @@ def fuzz_app(tmp_path: Path, sqlite_url: str) -> Iterator[FastAPI]:
         "steps_per_epoch": 1,
         "examples_per_micro_batch": 5,
     }
-    app = create_app(settings, enqueue=RecordingEnqueuer(), token_stats=RecordingTokenStats(stats))
+    token_stats = RecordingTokenStats(stats)
+    app = create_app(settings, enqueue=RecordingEnqueuer(), token_stats=token_stats)
+    token_stats.bind(app)
     app.state.services.broker_ping = lambda: True  # /ready: the broker is not what is fuzzed here
     yield app
-    app.state.services.token_stats.close()
     app.state.services.engine.dispose()
 
 

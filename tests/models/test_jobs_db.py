@@ -43,9 +43,11 @@ def _tenant(sessions: sessionmaker[Session]) -> str:
 def test_claim_is_compare_and_set(sessions: sessionmaker[Session]) -> None:
     job_id = _new_job(sessions)
     with session_scope(sessions) as s:
-        assert jobs_db.claim(s, job_id, "w1", 60) == 1
+        assert jobs_db.claim(s, job_id=job_id, worker_id="w1", lease_seconds=60) == 1
     with session_scope(sessions) as s:
-        assert jobs_db.claim(s, job_id, "w2", 60) is None  # a redelivered message does nothing
+        assert (
+            jobs_db.claim(s, job_id=job_id, worker_id="w2", lease_seconds=60) is None
+        )  # a redelivered message does nothing
         job = jobs_db.get_job(s, job_id)
         assert job is not None and job.status == JobStatus.RUNNING and job.worker_id == "w1"
 
@@ -53,14 +55,16 @@ def test_claim_is_compare_and_set(sessions: sessionmaker[Session]) -> None:
 def test_stale_attempt_cannot_write(sessions: sessionmaker[Session]) -> None:
     job_id = _new_job(sessions)
     with session_scope(sessions) as s:
-        assert jobs_db.claim(s, job_id, "w1", 60) == 1
-        assert jobs_db.finish(s, job_id, 1, JobStatus.QUEUED, "worker lost; retry")
+        assert jobs_db.claim(s, job_id=job_id, worker_id="w1", lease_seconds=60) == 1
+        assert jobs_db.finish(s, job_id=job_id, attempt=1, dst=JobStatus.QUEUED, message="worker lost; retry")
     with session_scope(sessions) as s:
-        assert jobs_db.claim(s, job_id, "w2", 60) == 2
+        assert jobs_db.claim(s, job_id=job_id, worker_id="w2", lease_seconds=60) == 2
     with session_scope(sessions) as s:
-        assert not jobs_db.heartbeat(s, job_id, 1, 60, step=5)  # attempt 1 is fenced off
-        assert not jobs_db.finish(s, job_id, 1, JobStatus.SUCCEEDED, "stale")
-        assert jobs_db.heartbeat(s, job_id, 2, 60, step=7, loss=1.5)
+        assert not jobs_db.heartbeat(
+            s, job_id=job_id, attempt=1, lease_seconds=60, step=5
+        )  # attempt 1 is fenced off
+        assert not jobs_db.finish(s, job_id=job_id, attempt=1, dst=JobStatus.SUCCEEDED, message="stale")
+        assert jobs_db.heartbeat(s, job_id=job_id, attempt=2, lease_seconds=60, step=7, loss=1.5)
     with session_scope(sessions) as s:
         job = jobs_db.get_job(s, job_id)
         assert job is not None and job.status == JobStatus.RUNNING and job.step == 7 and job.attempt == 2
@@ -71,13 +75,15 @@ def test_cancel_queued_running_and_finished(sessions: sessionmaker[Session]) -> 
     with session_scope(sessions) as s:
         jobs_db.create_job(s, _tenant(sessions), b, SPEC)
     with session_scope(sessions) as s:
-        assert jobs_db.request_cancel(s, jobs_db.get_job(s, a)) == "cancelled"  # type: ignore[arg-type]
-        assert jobs_db.claim(s, a, "w1", 60) is None  # a cancelled job is never started
-        assert jobs_db.claim(s, b, "w1", 60) == 1
-        assert jobs_db.request_cancel(s, jobs_db.get_job(s, b)) == "cancelling"  # type: ignore[arg-type]
-        assert jobs_db.cancel_requested(s, b)
-        assert jobs_db.finish(s, b, 1, JobStatus.CANCELLED, "cancelled")
-        assert jobs_db.request_cancel(s, jobs_db.get_job(s, b)) == "finished"  # type: ignore[arg-type]
+        assert jobs_db.request_cancel(s, job_id=a) == "cancelled"
+        assert (
+            jobs_db.claim(s, job_id=a, worker_id="w1", lease_seconds=60) is None
+        )  # a cancelled job is never started
+        assert jobs_db.claim(s, job_id=b, worker_id="w1", lease_seconds=60) == 1
+        assert jobs_db.request_cancel(s, job_id=b) == "cancelling"
+        assert jobs_db.cancel_requested(s, job_id=b)
+        assert jobs_db.finish(s, job_id=b, attempt=1, dst=JobStatus.CANCELLED, message="cancelled")
+        assert jobs_db.request_cancel(s, job_id=b) == "finished"
     with sessions() as s:
         kinds = [e.kind for e in jobs_db.list_events(s, b, 0, 100)[0]]
     assert kinds == ["queued", "started", "cancel_requested", "cancelled"]
@@ -86,10 +92,10 @@ def test_cancel_queued_running_and_finished(sessions: sessionmaker[Session]) -> 
 def test_expired_lease_is_found(sessions: sessionmaker[Session]) -> None:
     job_id = _new_job(sessions)
     with session_scope(sessions) as s:
-        jobs_db.claim(s, job_id, "w1", 0.01)
+        jobs_db.claim(s, job_id=job_id, worker_id="w1", lease_seconds=0.01)
     with sessions() as s:
-        assert [j.id for j in jobs_db.expired_leases(s, utcnow() + timedelta(seconds=1))] == [job_id]
-        assert jobs_db.expired_leases(s, utcnow() - timedelta(seconds=10)) == []
+        assert [j.id for j in jobs_db.expired_leases(s, now=utcnow() + timedelta(seconds=1))] == [job_id]
+        assert jobs_db.expired_leases(s, now=utcnow() - timedelta(seconds=10)) == []
 
 
 def test_list_jobs_paginates_newest_first(sessions: sessionmaker[Session]) -> None:

@@ -38,7 +38,7 @@ def test_start_and_step_records_put_prediction_and_measurement_on_the_job(
         tenant = get_or_create_tenant(s, "t")
         datasets_db.create_dataset(s, tenant.id, "ds000001", "a.jsonl", REPORT)
         jobs_db.create_job(s, tenant.id, "job00000001", SPEC, predicted_peak_bytes=111)  # admission's plan
-        attempt = jobs_db.claim(s, "job00000001", "w1", 60)
+        attempt = jobs_db.claim(s, job_id="job00000001", worker_id="w1", lease_seconds=60)
     assert attempt == 1
     settings = Settings(data_dir=tmp_path / "data", models_dir=tmp_path / "models")
     runner = JobRunner(settings, sessions, enqueue=lambda job_id: True)

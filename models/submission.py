@@ -1,0 +1,64 @@
+"""Submitting a job: the one path from a JobSpec to a queued job, called by the native route, the CLI
+(`ftune jobs submit`) and the OpenAI-shaped surface.
+
+Quota, admission (dataset, model, plan), the Job row and its plan file in one transaction; after the
+commit, the job's token statistics are asked for and a worker is woken. Both publishers are injected
+(core.queues.Enqueuer on the broker, or a test's double), so this module knows no broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.catalog import Catalog
+from core.errors import RateLimited
+from core.settings import Settings
+from core.spec import JobSpec
+from core.storage import Storage, atomic_write_text, new_id
+from models import jobs as jobs_db
+from models import tenants as tenants_db
+from models.admission import admit
+from models.db import session_scope
+from models.tables import Job
+
+Publish = Callable[[str], bool]  # a job id -> sent to the broker (False: unreachable, the DB has it)
+
+
+def submit_job(
+    sessions: sessionmaker[Session],
+    *,
+    settings: Settings,
+    catalog: Catalog,
+    storage: Storage,
+    spec: JobSpec,
+    tenant_id: str,
+    enqueue: Publish,
+    request_token_stats: Publish,
+) -> Job:
+    """Admit and store the job, then publish; returns the job as accepted (queued). Raises core.errors
+    (RateLimited, InvalidInput, Unsupported, ...) for a job that is refused; then nothing is stored."""
+    job_id = new_id()
+    with session_scope(sessions) as s:
+        limit = settings.max_active_jobs_per_tenant
+        if tenants_db.active_jobs(s, tenant_id) >= limit:
+            raise RateLimited(
+                f"at most {limit} queued, running or paused jobs per tenant",
+                retry_after=60,
+                code="too_many_jobs",
+            )
+        plan = admit(s, catalog=catalog, spec=spec, tenant_id=tenant_id, plan_gpu=settings.plan_gpu)
+        predicted = plan.allocated_bytes if plan else None
+        jobs_db.create_job(s, tenant_id, job_id, spec, predicted, settings.max_attempts)
+        if plan is not None:  # the itemised prediction, shown beside the measured peak on the job page
+            atomic_write_text(storage.plan_path(job_id), plan.model_dump_json())
+        jobs_db.mark_enqueued(s, job_id=job_id)
+    with sessions() as s:  # read before the wake-up: the answer is the job as accepted, queued
+        job = jobs_db.get_job(s, job_id)
+        assert job is not None
+    # After the commit, so a worker always finds the row. A lost message is covered: token statistics
+    # are filled from training's start record, and the reaper re-sends a queued job's wake-up.
+    request_token_stats(job_id)
+    enqueue(job_id)
+    return job
