@@ -27,6 +27,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy core
+	$(VENV)/bin/mypy training
 	$(VENV)/bin/lint-imports
 
 bench: install

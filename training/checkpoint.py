@@ -4,7 +4,7 @@ checkpoints/step-00000040/
   adapter.safetensors     trainable (LoRA) weights, by parameter name
   optimizer.safetensors   every tensor of the optimizer state (torch AdamW or bitsandbytes 8-bit)
   rng.safetensors         torch CPU (and CUDA) generator states (uint8 tensors)
-  state.json              position (step, epoch, batch in epoch), losses so far, optimizer scalars and
+  state.json              position (step, epoch, step in epoch), losses so far, optimizer scalars and
                           param groups, LR schedule, grad scaler, python/numpy RNG, the spec
 Nothing is pickled. A checkpoint is written into a hidden temp dir next to its final place, fsynced
 and renamed in one `os.replace`, so a `step-*` directory is always complete.
@@ -30,10 +30,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from training import distributed
-from training.loop import Position, Trainer
+from training.step import Parts, Position
 
 KEEP = 3
-FORMAT = 1
+FORMAT = 2  # 2: the position counts steps within an epoch (1 counted micro-batches)
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 FILES = ("adapter.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json")
 
@@ -42,26 +42,32 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def save_checkpoint(root: Path, t: Trainer, pos: Position) -> Path:
+def save_checkpoint(root: Path, parts: Parts, pos: Position, total_steps: int) -> Path:
     """Write the state after `pos.step` steps to root/step-<step>; keep the newest KEEP.
 
     Collective under FSDP: every rank calls it; rank 0 writes."""
     target = root / checkpoint_name(pos.step)
-    weights, opt_state = gather_state(t)
+    weights, opt_state = gather_state(parts)
     if distributed.is_main():
-        _save(root, target, t, pos, weights, opt_state)
+        _save(root, target, parts, pos, total_steps, weights, opt_state)
     distributed.barrier()  # no rank moves on (or exits) before the checkpoint is complete
     return target
 
 
-def gather_state(t: Trainer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def gather_state(parts: Parts) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Collective: the whole trainable weights (by name) and optimizer state, on the CPU."""
-    weights = {n: distributed.full_tensor(p) for n, p in named_trainable(t)}
-    return weights, distributed.full_tree(t.optimizer.state_dict())
+    weights = {n: distributed.full_tensor(p) for n, p in named_trainable(parts)}
+    return weights, distributed.full_tree(parts.optimizer.state_dict())
 
 
 def _save(
-    root: Path, target: Path, t: Trainer, pos: Position, weights: dict[str, torch.Tensor], opt_state: Any
+    root: Path,
+    target: Path,
+    parts: Parts,
+    pos: Position,
+    total_steps: int,
+    weights: dict[str, torch.Tensor],
+    opt_state: Any,
 ) -> None:
     if _complete(target):  # already saved at this step: the state is a function of the step
         return
@@ -69,7 +75,7 @@ def _save(
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{target.name}-"))
     try:
-        _write_state(tmp, t, pos, weights, opt_state)
+        _write_state(tmp, parts, pos, total_steps, weights, opt_state)
         for name in FILES:
             _fsync(tmp / name)
         os.replace(tmp, target)
@@ -81,7 +87,12 @@ def _save(
 
 
 def _write_state(
-    d: Path, t: Trainer, pos: Position, weights: dict[str, torch.Tensor], opt_state: dict[str, Any]
+    d: Path,
+    parts: Parts,
+    pos: Position,
+    total_steps: int,
+    weights: dict[str, torch.Tensor],
+    opt_state: dict[str, Any],
 ) -> None:
     save_file(weights, d / FILES[0])
     opt_tensors, opt_json = flatten_optimizer_state(opt_state)
@@ -92,15 +103,15 @@ def _write_state(
         "position": vars(pos),
         "optimizer": opt_json,
         "scheduler": {
-            "name": t.spec.lr_scheduler,
-            "warmup_steps": t.spec.warmup_steps_for(t.total_steps),
-            "total_steps": t.total_steps,
+            "name": parts.spec.lr_scheduler,
+            "warmup_steps": parts.spec.warmup_steps_for(total_steps),
+            "total_steps": total_steps,
             "step": pos.step,
         },
-        "grad_scaler": t.scaler.state_dict() if t.scaler else None,
+        "grad_scaler": parts.scaler.state_dict() if parts.scaler else None,
         "python_rng": _jsonable(random.getstate()),
         "numpy_rng": _jsonable(np.random.get_state(legacy=True)),
-        "spec": t.spec.model_dump(mode="json"),
+        "spec": parts.spec.model_dump(mode="json"),
     }
     (d / FILES[3]).write_text(json.dumps(state))
 
@@ -130,24 +141,25 @@ def prune(root: Path, keep: int) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def load_checkpoint(path: Path, t: Trainer) -> Position:
-    """Restore weights, optimizer, grad scaler and RNGs into `t`; return the saved position."""
+def load_checkpoint(path: Path, parts: Parts) -> Position:
+    """Restore weights, optimizer, grad scaler and RNGs into `parts`; return the saved position."""
     state = json.loads((path / FILES[3]).read_text())
     if state.get("format") != FORMAT:
-        raise ValueError(f"checkpoint {path} has an unknown format")
-    if state["spec"] != t.spec.model_dump(mode="json"):
+        # e.g. format 1, whose data position meant another batch order: resuming it would not be exact
+        raise ValueError(f"checkpoint {path} has format {state.get('format')}, this trainer reads {FORMAT}")
+    if state["spec"] != parts.spec.model_dump(mode="json"):
         raise ValueError(f"checkpoint {path} was written for a different job spec")
     weights = load_file(path / FILES[0])
-    params = dict(named_trainable(t))
+    params = dict(named_trainable(parts))
     if weights.keys() != params.keys():
         raise ValueError(f"checkpoint {path} does not match the model's trainable parameters")
     with torch.no_grad():
         for name, p in params.items():
             p.copy_(distributed.shard_like(weights[name], p))
     opt_state = unflatten_optimizer_state(load_file(path / FILES[1]), state["optimizer"])
-    t.optimizer.load_state_dict(shard_optimizer_state(opt_state, t.optimizer))
-    if t.scaler and state["grad_scaler"]:
-        t.scaler.load_state_dict(state["grad_scaler"])
+    parts.optimizer.load_state_dict(shard_optimizer_state(opt_state, parts.optimizer))
+    if parts.scaler and state["grad_scaler"]:
+        parts.scaler.load_state_dict(state["grad_scaler"])
     set_torch_rng_state(load_file(path / FILES[2]))
     random.setstate(_tuples(state["python_rng"]))
     np.random.set_state(_numpy_state(state["numpy_rng"]))
@@ -169,8 +181,8 @@ def _like(v: Any, p: torch.Tensor) -> bool:
     return isinstance(v, torch.Tensor) and v.shape == p.shape and v.dim() > 0
 
 
-def named_trainable(t: Trainer) -> list[tuple[str, torch.nn.Parameter]]:
-    return [(n, p) for n, p in t.model.named_parameters() if p.requires_grad]
+def named_trainable(parts: Parts) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(n, p) for n, p in parts.model.named_parameters() if p.requires_grad]
 
 
 # Optimizer state: nested dicts of tensors and scalars -> {path: tensor} + JSON, and back.

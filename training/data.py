@@ -1,4 +1,4 @@
-"""Examples -> token ids + labels -> deterministic, length-grouped, resumable micro-batches.
+"""Examples -> token ids + labels -> padded micro-batches (which examples go together: training.batches).
 
 Labels use -100 for tokens that are not trained on: the inputs (system and user turns, the
 instruction, the prompt, the template's markup) unless `train_on_inputs`, and assistant turns with
@@ -15,7 +15,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from core.data.examples import Example, Message, read_examples
@@ -35,7 +34,6 @@ DEFAULT_CHAT_TEMPLATE = (
 # What a piece of an example is: the inputs (trained only with train_on_inputs), a target, or an
 # assistant turn with weight 0 (never trained).
 INPUT, TARGET, SKIPPED = "input", "target", "skipped"
-GROUP_BATCHES = 32  # micro-batches sorted by length together; bigger = less padding, less randomness
 
 
 class DatasetError(ValueError):
@@ -198,24 +196,6 @@ def token_stats(lengths: Sequence[int], max_seq_len: int, over_length: str) -> d
         "over_max_seq_len": len(ordered) - bisect_right(ordered, max_seq_len),
         "over_length": over_length,
     }
-
-
-def epoch_batches(lengths: Sequence[int], micro_batch_size: int, seed: int, epoch: int) -> list[list[int]]:
-    """The micro-batches (lists of example indices) of one epoch, a pure function of its arguments.
-
-    A seeded permutation is cut into groups of GROUP_BATCHES micro-batches; each group is sorted by
-    length so a micro-batch holds similar lengths, and the group's batches are shuffled again so
-    long and short batches alternate.
-    """
-    rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(len(lengths)).tolist()
-    group = micro_batch_size * GROUP_BATCHES
-    batches: list[list[int]] = []
-    for start in range(0, len(order), group):
-        chunk = sorted(order[start : start + group], key=lambda i: (-lengths[i], i))
-        chunk_batches = [chunk[j : j + micro_batch_size] for j in range(0, len(chunk), micro_batch_size)]
-        batches.extend(chunk_batches[k] for k in rng.permutation(len(chunk_batches)).tolist())
-    return batches
 
 
 def collate(items: Iterable[Tokenized], pad_id: int) -> dict[str, torch.Tensor]:

@@ -18,10 +18,21 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from core.spec import JobSpec
+
 
 def launched() -> bool:
     """True in a process started by torchrun with more than one process."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def check_shardable(spec: JobSpec) -> None:
+    """What FSDP here does not support, refused before any work (admission refuses it too)."""
+    from core.planner.sharding import fsdp_problem
+
+    problem = fsdp_problem(spec.model_copy(update={"num_gpus": 2}))  # also a 1-GPU spec under torchrun
+    if problem:
+        raise ValueError(problem[1])
 
 
 def init(device: torch.device) -> torch.device:
@@ -63,7 +74,7 @@ def cleanup() -> None:
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks of a transformers model (its `_no_split_modules` classes), in order."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = getattr(model, "get_base_model", lambda: model)()  # under peft's wrapper
     names = set(getattr(base, "_no_split_modules", None) or [])
     layers = [m for m in base.modules() if type(m).__name__ in names]
     if not layers:

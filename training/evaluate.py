@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from core.spec import JobSpec
 from training.data import IGNORE, DatasetError, Tokenized, collate
-from training.loop import Position
+from training.step import Position
 
 VALIDATION_STREAM = 0x5A11D  # a second RNG stream of the seed, apart from the batch order's
 

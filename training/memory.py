@@ -19,14 +19,19 @@ the highest value seen (the peak is reached by step 2, once the optimizer states
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
+from core.spec import JobSpec
+
 MEASURED_STEPS = 3
+log = logging.getLogger("ftune.training")
 
 
 class PeakMemory:
@@ -124,6 +129,7 @@ def _profile_allocations() -> Iterator[list[int]]:
         finally:
             with _quiet_stderr():
                 prof.stop()
+    assert prof.profiler is not None and prof.profiler.kineto_results is not None  # stopped above
     events = [
         n
         for n in _walk(prof.profiler.kineto_results.experimental_event_tree())
@@ -151,3 +157,22 @@ def _quiet_stderr() -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+
+
+def predicted_peak_bytes(spec: JobSpec, model_dir: Path, device: torch.device) -> int | None:
+    """The planner's allocated bytes for this spec on the device this run uses: what the tracker
+    measures (max_memory_allocated on CUDA, live tensor bytes on a CPU), stored next to it."""
+    from core.arch import load_architecture
+    from core.planner.feasibility import device_gpu, plan_on
+
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        dev = {"kind": "cuda", "name": props.name, "memory_bytes": props.total_memory}
+    else:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        dev = {"kind": "cpu", "name": "cpu", "memory_bytes": ram}
+    try:
+        return plan_on(spec, load_architecture(model_dir), device_gpu(dev)).allocated_bytes
+    except Exception:  # a model the planner does not know must not stop training
+        log.warning("no memory prediction for this run", exc_info=True)
+        return None

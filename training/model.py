@@ -7,10 +7,12 @@ the LoRA weights (and so their gradients and optimizer states) are fp32.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from core.planner.context import autocast_dtype, half_dtype
 from core.spec import JobSpec
 
 
@@ -29,9 +31,16 @@ def base_dtype(spec: JobSpec, model_dir: Path) -> torch.dtype:
     return getattr(torch, declared) if isinstance(declared, str) else declared
 
 
-def compute_dtype(device: torch.device) -> torch.dtype:
-    # bf16 matmuls are fast on GPUs; on CPUs fp32 is both faster and exact.
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+def bf16_supported(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+
+def compute_dtype(device: torch.device, bf16: bool) -> torch.dtype:
+    """QLoRA's compute dtype: the GPU's 16-bit dtype (bf16 where it has it, else fp16); on a CPU fp32,
+    which is both faster and exact there. `bf16`: the device supports bf16 (bf16_supported)."""
+    if device.type != "cuda":
+        return torch.float32
+    return getattr(torch, half_dtype(bf16))
 
 
 def load_tokenizer(model_dir: Path):
@@ -58,7 +67,7 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device):
         "attn_implementation": attn_implementation(spec.attn_implementation, spec.packing),
     }
     if spec.method == "qlora":
-        cdtype = compute_dtype(device)
+        cdtype = compute_dtype(device, bf16_supported(device))
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",
@@ -71,7 +80,7 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device):
         kwargs["dtype"] = base_dtype(spec, model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     if spec.method == "lora":
-        model.to(device)
+        model.to(device)  # type: ignore[arg-type]  # transformers' stubs type .to as a decorator
     else:
         keep_one_4bit_layout(model)
     model.config.use_cache = False
@@ -97,15 +106,18 @@ def keep_one_4bit_layout(model) -> None:
 def attach_lora(model, spec: JobSpec):
     from peft import LoraConfig, get_peft_model
 
+    from training import dropout
+
     config = LoraConfig(
         r=spec.lora_r,
-        lora_alpha=spec.lora_alpha,
+        lora_alpha=spec.lora_alpha,  # type: ignore[arg-type]  # peft annotates int; scaling is alpha / r
         lora_dropout=spec.lora_dropout,
         target_modules=spec.lora_target_modules,
         bias="none",
         task_type="CAUSAL_LM",
     )
     model = get_peft_model(model, config)
+    dropout.install(model)  # masks per example, whatever the split (training.dropout)
     for p in model.parameters():
         if p.requires_grad and p.dtype != torch.float32:
             p.data = p.data.float()
@@ -117,12 +129,27 @@ def trainable_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-def autocast_for(spec: JobSpec, device: torch.device) -> AbstractContextManager:
-    """Mixed precision of the forward pass: "auto" is bf16 on a GPU and off on a CPU."""
-    mode = spec.mixed_precision
-    if mode == "auto":
-        mode = "bf16" if device.type == "cuda" else "no"
-    if mode == "no":
-        return nullcontext()
-    dtype = torch.bfloat16 if mode == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
+@dataclass(frozen=True)
+class Precision:
+    """Mixed precision of the forward pass: the autocast dtype (None: none) and whether the loss is
+    scaled (fp16 only: its gradients underflow without it)."""
+
+    device_type: str
+    dtype: torch.dtype | None
+
+    @property
+    def scaled(self) -> bool:
+        return self.dtype == torch.float16
+
+    def autocast(self) -> AbstractContextManager[object]:
+        if self.dtype is None:
+            return nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+
+def precision_for(spec: JobSpec, device: torch.device, bf16: bool) -> Precision:
+    """The planner's rule (core.planner.context.autocast_dtype) on this device: "auto" is bf16 on a
+    GPU with bf16, fp16 with a GradScaler on one without, none on a CPU. `bf16`: bf16_supported(device),
+    passed in so the rule is testable without such a GPU."""
+    name = autocast_dtype(spec.mixed_precision, cuda=device.type == "cuda", bf16_supported=bf16)
+    return Precision(device.type, getattr(torch, name) if name else None)

@@ -1,5 +1,6 @@
 """Padding-free packing: many examples in one flat micro-batch, attention that stays inside each example.
 
+Which examples share a pack is training.batches' (best-fit decreasing within each step's global batch).
 A packed micro-batch is a single row of concatenated examples (shape [1, T], T <= micro_batch_size *
 max_seq_len: the same token budget, and so the same activation memory, as a padded micro-batch). It
 carries no padding at all. Position ids restart at 0 for each example and the first label of every
@@ -17,60 +18,15 @@ The boundaries travel as the standard FlashAttentionKwargs, which every model fo
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from itertools import pairwise
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from training.data import IGNORE, Tokenized
 
 ATTN_NAME = "ftune_packed"
-GROUP_PACKS = 32  # packs filled together from one shuffled chunk; bigger = fuller packs, less randomness
-
-
-def epoch_packs(lengths: Sequence[int], capacity: int, seed: int, epoch: int) -> list[list[int]]:
-    """The packed micro-batches (lists of example indices) of one epoch, a pure function of its arguments.
-
-    A seeded permutation is cut into chunks of about GROUP_PACKS packs' worth of tokens; each chunk is
-    packed best-fit decreasing (rarely more than one part-filled pack per chunk), and the packs are
-    shuffled. Every example must fit: lengths <= capacity.
-    """
-    if lengths and max(lengths) > capacity:
-        raise ValueError(f"an example of {max(lengths)} tokens does not fit a pack of {capacity}")
-    rng = np.random.default_rng([seed, epoch])
-    packs: list[list[int]] = []
-    chunk: list[int] = []
-    tokens = 0
-    for i in rng.permutation(len(lengths)).tolist():
-        chunk.append(i)
-        tokens += lengths[i]
-        if tokens >= GROUP_PACKS * capacity:
-            packs.extend(_best_fit_decreasing(chunk, lengths, capacity))
-            chunk, tokens = [], 0
-    if chunk:
-        packs.extend(_best_fit_decreasing(chunk, lengths, capacity))
-    return [packs[k] for k in rng.permutation(len(packs)).tolist()]
-
-
-def _best_fit_decreasing(chunk: list[int], lengths: Sequence[int], capacity: int) -> list[list[int]]:
-    """Longest first, each into the fullest pack it fits (ties keep the chunk's random order)."""
-    packs: list[list[int]] = []
-    free: list[tuple[int, int]] = []  # (free tokens, pack number), sorted
-    for j in sorted(range(len(chunk)), key=lambda j: -lengths[chunk[j]]):
-        i, n = chunk[j], lengths[chunk[j]]
-        k = bisect_left(free, (n, -1))
-        if k < len(free):
-            space, p = free.pop(k)
-        else:
-            space, p = capacity, len(packs)
-            packs.append([])
-        packs[p].append(i)
-        if space > n:
-            insort(free, (space - n, p))
-    return packs
 
 
 def collate_packed(items: Iterable[Tokenized]) -> dict[str, torch.Tensor | int]:
@@ -165,7 +121,7 @@ def _mask(*args, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.
 
     if attention_mask is None or bool(attention_mask.all()):
         return None
-    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)  # type: ignore[misc]
 
 
 def register() -> None:

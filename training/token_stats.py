@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import ctypes
 import json
-import math
 import os
 import signal
 import sys
@@ -41,23 +40,25 @@ def compute(
     model_dir: Path, dataset: Path, column_mapping: dict[str, str] | None, spec: Any
 ) -> dict[str, Any]:
     """The statistics of `dataset` for `spec` (a core.spec.JobSpec) against model_dir's tokenizer."""
-    from training import data, evaluate, loop
+    from training import batches, data, evaluate
 
     tokenizer = _tokenizer(model_dir)
     items, dropped, stats = data.load_for_training(dataset, tokenizer, spec, column_mapping)
-    # The micro-batches training builds: of the training split (as training.run.load_splits makes it).
+    # The steps training makes: of the training split (as training.recipe.load_splits makes it).
     train, _ = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
-    order = loop.epoch_order(spec, [len(t.input_ids) for t in train], 0)
-    # Packed epochs can differ by a micro-batch or so; the first one stands for all.
-    steps_per_epoch = math.ceil(len(order) / loop.step_micro_batches(spec))
+    lengths = [len(t.input_ids) for t in train]
+    # Packed epochs can differ by a step or so; the first one stands for all.
+    steps = batches.epoch_steps(spec, lengths, 0)
+    micro_batches = sum(len(batches.split_step(spec, lengths, s)) for s in steps)
+    steps_per_epoch = len(steps)
     return {
         **stats,
         "max_seq_len": spec.max_seq_len,
         "packing": spec.packing,
         "dropped": dropped,
-        "micro_batches_per_epoch": len(order),
+        "micro_batches_per_epoch": micro_batches,  # over all ranks
         "steps_per_epoch": steps_per_epoch,
-        "examples_per_micro_batch": round(len(train) / len(order), 2),
+        "examples_per_micro_batch": round(len(train) / micro_batches, 2),
         # A packed step holds many examples, so max_steps can be many more epochs than it looks.
         "run_epochs": round(spec.max_steps / steps_per_epoch, 2) if spec.max_steps else spec.epochs,
     }

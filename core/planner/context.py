@@ -13,12 +13,24 @@ from core.planner.types import Runtime
 from core.spec import JobSpec
 
 
+def autocast_dtype(mixed_precision: str, *, cuda: bool, bf16_supported: bool) -> str | None:
+    """The one mixed-precision rule of the engine (training.model) and the planner: "auto" is bf16
+    autocast on a GPU that has bf16, fp16 autocast with loss scaling on one that has not (T4, V100),
+    and none on a CPU; "bf16" and "fp16" are taken as asked; "no" (and None returned) is no autocast."""
+    if mixed_precision == "auto":
+        return half_dtype(bf16_supported) if cuda else None
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(mixed_precision)
+
+
+def half_dtype(bf16_supported: bool) -> str:
+    """A GPU's 16-bit compute dtype (QLoRA computes in it): bf16 where the GPU has it, else fp16."""
+    return "bfloat16" if bf16_supported else "float16"
+
+
 def compute_dtype(spec: JobSpec, arch: Architecture, gpu: Gpu) -> str:
-    """mixed_precision auto: bf16 autocast, fp16 on GPUs without bf16; "no": the storage dtype."""
-    mp = spec.mixed_precision
-    if mp == "auto":
-        return "bfloat16" if gpu.bf16_supported else "float16"
-    return {"bf16": "bfloat16", "fp16": "float16"}.get(mp, storage_dtype(spec, arch))
+    """What autocast casts to (autocast_dtype); without autocast, the storage dtype."""
+    cuda, bf16 = gpu.kind != "cpu", gpu.bf16_supported
+    return autocast_dtype(spec.mixed_precision, cuda=cuda, bf16_supported=bf16) or storage_dtype(spec, arch)
 
 
 def storage_dtype(spec: JobSpec, arch: Architecture | None) -> str:
@@ -60,7 +72,8 @@ def plan_context(spec: JobSpec, arch: Architecture, gpu: Gpu, runtime: Runtime) 
     method = spec.method
     cpu = gpu.kind == "cpu"
     # the engine loads QLoRA's unquantized layers (and dequantizes) in its device dtype (training.model)
-    store = ("float32" if cpu else "bfloat16") if method == "qlora" else storage_dtype(spec, arch)
+    qlora_store = "float32" if cpu else half_dtype(gpu.bf16_supported)
+    store = qlora_store if method == "qlora" else storage_dtype(spec, arch)
     cdt = compute_dtype(spec, arch, gpu)
     half_model = runtime.half_model_master and cdt != "float32"
     if half_model:

@@ -1,4 +1,4 @@
-"""Examples -> ids + labels: exact label masks for every format, deterministic resumable batches."""
+"""Examples -> ids + labels: exact label masks for every format; padded collation."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from training.data import (
     IGNORE,
     DatasetError,
     collate,
-    epoch_batches,
     load_dataset,
     token_stats,
     tokenize_example,
@@ -133,17 +132,6 @@ def test_truncation_and_examples_with_nothing_to_train_are_dropped(tokenizer, tm
     assert all(len(t.input_ids) <= 16 for t in items)
     with pytest.raises(DatasetError):
         load_dataset(write_jsonl(tmp_path / "e.jsonl", [long_prompt]), tokenizer, max_seq_len=16)
-
-
-def test_epoch_batches_are_a_seeded_length_grouped_partition() -> None:
-    lengths = [(i * 37) % 101 + 1 for i in range(200)]
-    b0 = epoch_batches(lengths, 4, seed=7, epoch=0)
-    assert b0 == epoch_batches(lengths, 4, seed=7, epoch=0)  # resumable: a pure function
-    assert b0 != epoch_batches(lengths, 4, seed=7, epoch=1)
-    assert b0 != epoch_batches(lengths, 4, seed=8, epoch=0)
-    assert sorted(i for b in b0 for i in b) == list(range(200))
-    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in b0) / len(b0)
-    assert spread < 10  # random batches of 4 would spread ~50 on lengths 1..101
 
 
 def test_collate_right_pads_with_ignored_labels(tokenizer, tmp_path: Path) -> None:

@@ -10,10 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from core.storage import ADAPTER_DIR, MERGED_DIR, METRICS_FILE
-from tests.training.util import qa_rows, write_jsonl
+from tests.training.util import qa_rows, read_metrics, write_jsonl
 from training.data import DatasetError, Tokenized, collate, load_dataset
 from training.evaluate import evaluate, split_validation
-from training.metrics import read_metrics
 from training.model import load_model
 from training.run import EXIT_OK, run
 

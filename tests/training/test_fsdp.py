@@ -19,9 +19,8 @@ import torch
 from safetensors.torch import load_file
 
 from core.storage import ADAPTER_DIR, CHECKPOINTS_DIR, METRICS_FILE
-from tests.training.util import qa_rows, write_jsonl
+from tests.training.util import qa_rows, read_metrics, write_jsonl
 from training.checkpoint import checkpoint_name, list_checkpoints
-from training.metrics import read_metrics
 from training.run import EXIT_OK, run
 from worker.runner import training_command
 

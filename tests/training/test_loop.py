@@ -1,4 +1,4 @@
-"""The loop's arithmetic: token-normalised accumulation, schedules, step counts."""
+"""A step's arithmetic: token-normalised accumulation, schedules, step counts."""
 
 from __future__ import annotations
 
@@ -9,16 +9,17 @@ import torch
 
 from core.spec import JobSpec
 from tests.training.util import qa_rows, write_jsonl
+from training.batches import total_steps
 from training.data import collate, load_dataset
-from training.loop import Trainer, accumulate_gradients, lr_at, make_optimizer, optimizer_step, total_steps
 from training.model import load_model, trainable_parameters
+from training.step import Parts, accumulate_gradients, lr_at, make_optimizer, optimizer_step
 
 
 def spec(**kw) -> JobSpec:
     return JobSpec(base_model="tiny", dataset_id="testdata01", **kw)
 
 
-def make_trainer(tiny_model: Path, items, **kw) -> Trainer:
+def make_parts(tiny_model: Path, **kw) -> Parts:
     s = spec(lora_dropout=0.0, lora_r=4, max_grad_norm=1.0, packing=False, **kw)  # padded batches
     torch.manual_seed(0)
     model = load_model(s, tiny_model, torch.device("cpu"))
@@ -27,7 +28,7 @@ def make_trainer(tiny_model: Path, items, **kw) -> Trainer:
     with torch.no_grad():
         for p in params:
             p.add_(torch.randn_like(p) * 0.05)
-    return Trainer(s, model, make_optimizer(s, params), params, items, 0, torch.device("cpu"), 10)
+    return Parts(s, model, make_optimizer(s, params), params, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("method", ["lora", "qlora"])
@@ -41,11 +42,11 @@ def test_accumulation_matches_one_big_batch_on_unequal_lengths(
 
     results = []
     for micro_batches in ([collate(items, 0)], [collate([t], 0) for t in items]):
-        t = make_trainer(tiny_model, items, method=method)
+        t = make_parts(tiny_model, method=method)
         loss, tokens = accumulate_gradients(t, micro_batches)
         grads = [p.grad.clone() for p in t.params]
         optimizer_step(t, lr=1e-2)
-        results.append((loss, tokens, grads, [p.detach().clone() for p in t.params]))
+        results.append((float(loss), tokens, grads, [p.detach().clone() for p in t.params]))
 
     (loss_a, tok_a, grads_a, w_a), (loss_b, tok_b, grads_b, w_b) = results
     assert tok_a == tok_b == sum(targets)

@@ -1,5 +1,5 @@
-"""Packing: packed loss and gradients equal the per-example ones; packs are a resumable partition;
-attention never crosses (or computes across) an example boundary."""
+"""Packing: packed loss and gradients equal the per-example ones; packed steps and their packs are a
+resumable partition; attention never crosses (or computes across) an example boundary."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ import torch
 
 from core.spec import JobSpec
 from tests.training.util import qa_rows, write_jsonl
+from training.batches import epoch_steps, split_step, total_steps
 from training.data import IGNORE, Tokenized, collate, load_dataset
-from training.loop import Trainer, accumulate_gradients, epoch_order, make_optimizer, total_steps
 from training.model import load_model, trainable_parameters
-from training.packing import ATTN_NAME, collate_packed, epoch_packs, packed_attention
+from training.packing import ATTN_NAME, collate_packed, packed_attention
+from training.step import Parts, accumulate_gradients, make_optimizer
 
 
-def make_trainer(tiny_model: Path, items, **kw) -> Trainer:
+def make_trainer(tiny_model: Path, items, **kw) -> Parts:
     s = JobSpec(base_model="tiny", dataset_id="testdata01", lora_dropout=0.0, lora_r=4, **kw)
     torch.manual_seed(0)
     model = load_model(s, tiny_model, torch.device("cpu"))
@@ -25,7 +26,7 @@ def make_trainer(tiny_model: Path, items, **kw) -> Trainer:
     with torch.no_grad():  # LoRA B starts at zero; make every LoRA weight get a gradient
         for p in params:
             p.add_(torch.randn_like(p) * 0.05)
-    return Trainer(s, model, make_optimizer(s, params), params, items, 0, torch.device("cpu"), 10)
+    return Parts(s, model, make_optimizer(s, params), params, torch.device("cpu"))
 
 
 @pytest.fixture
@@ -46,7 +47,7 @@ def test_packed_loss_and_gradients_equal_per_example(tiny_model: Path, items, me
     loss_b, tok_b = accumulate_gradients(packed, [collate_packed(items)])
 
     assert tok_a == tok_b == sum(t.num_targets for t in items)
-    assert loss_b == pytest.approx(loss_a, abs=1e-4)
+    assert float(loss_b) == pytest.approx(float(loss_a), abs=1e-4)
     for pa, pb in zip(per_example.params, packed.params, strict=True):
         assert pa.grad is not None and pa.grad.abs().sum() > 0
         torch.testing.assert_close(pb.grad, pa.grad, atol=1e-4, rtol=1e-4)
@@ -132,31 +133,39 @@ def test_collate_packed_restarts_positions_and_ignores_first_labels() -> None:
     assert batch["cu_seq_lens_q"].tolist() == [0, 3, 5] and batch["max_length_q"] == 3
 
 
-def test_epoch_packs_are_a_seeded_full_partition_within_capacity() -> None:
+def test_packed_steps_are_a_seeded_full_partition_of_rows_within_capacity() -> None:
     rng = np.random.default_rng(0)
     lengths = np.clip(rng.lognormal(np.log(150), 0.8, 3000), 8, 512).astype(int).tolist()
-    cap = 4 * 512
-    p0 = epoch_packs(lengths, cap, seed=7, epoch=0)
-    assert p0 == epoch_packs(lengths, cap, seed=7, epoch=0)  # resumable: a pure function
-    assert p0 != epoch_packs(lengths, cap, seed=7, epoch=1)
-    assert p0 != epoch_packs(lengths, cap, seed=8, epoch=0)
-    assert sorted(i for p in p0 for i in p) == list(range(3000))
-    fill = [sum(lengths[i] for i in p) for p in p0]
-    assert max(fill) <= cap
-    assert sum(fill) / (len(p0) * cap) > 0.97  # best-fit decreasing leaves little slack
+    s = JobSpec(
+        base_model="tiny", dataset_id="testdata01", micro_batch_size=2, max_seq_len=512,
+        gradient_accumulation_steps=2, seed=7,
+    )  # fmt: skip
+    p0 = epoch_steps(s, lengths, 0)
+    assert p0 == epoch_steps(s, lengths, 0)  # resumable: a pure function
+    assert p0 != epoch_steps(s, lengths, 1)
+    assert p0 != epoch_steps(s.model_copy(update={"seed": 8}), lengths, 0)
+    rows = [row for step in p0 for row in step]
+    assert sorted(i for row in rows for i in row) == list(range(3000))
+    fill = [sum(lengths[i] for i in row) for row in rows]
+    assert max(fill) <= 512
+    assert sum(fill) / (len(rows) * 512) > 0.97  # best-fit decreasing leaves little slack
+    assert sum(len(step) != 4 for step in p0) <= 1  # one shorter step: the epoch's remainder
+    for step in p0:  # 2 packs of 2 rows each (the one shorter step: fewer)
+        packs = split_step(s, lengths, step)
+        assert len(packs) == -(-len(step) // 2) and all(sum(lengths[i] for i in p) <= 1024 for p in packs)
     with pytest.raises(ValueError, match="does not fit"):
-        epoch_packs([10, cap + 1], cap, seed=0, epoch=0)
+        epoch_steps(s, [10, 513], 0)
 
 
-def test_total_steps_counts_packed_micro_batches_per_epoch() -> None:
+def test_total_steps_counts_packed_steps_per_epoch() -> None:
     lengths = [(i * 37) % 101 + 1 for i in range(200)]
     s = JobSpec(
         base_model="tiny", dataset_id="testdata01", micro_batch_size=2, max_seq_len=128,
         gradient_accumulation_steps=3, epochs=2,
     )  # fmt: skip
-    expected = sum(-(-len(epoch_order(s, lengths, e)) // 3) for e in range(2))
+    expected = sum(len(epoch_steps(s, lengths, e)) for e in range(2))
     assert total_steps(s, lengths) == expected
-    assert expected < total_steps(s.model_copy(update={"packing": False}), lengths)  # 2 * ceil(100 / 3)
+    assert expected < total_steps(s.model_copy(update={"packing": False}), lengths)  # 2 * ceil(200 / 6)
 
 
 def _inputs(batch: dict) -> dict:

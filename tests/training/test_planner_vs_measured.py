@@ -18,9 +18,8 @@ from core.arch import load_architecture
 from core.planner.feasibility import device_gpu, plan_on
 from core.run_protocol import RunConfig
 from core.spec import JobSpec
-from tests.training.util import write_jsonl
+from tests.training.util import read_metrics, write_jsonl
 from training.demo import DemoSize, build_demo_model
-from training.metrics import read_metrics
 from training.run import run
 
 TOLERANCE = 0.15

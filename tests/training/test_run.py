@@ -151,7 +151,8 @@ def test_a_real_cpu_allocation_failure_is_out_of_memory() -> None:
 
 def test_training_does_not_import_service_packages() -> None:
     modules = (
-        "training.run, training.loop, training.checkpoint, training.model, training.data, training.memory"
+        "training.run, training.recipe, training.step, training.checkpoint, training.model, training.data, "
+        "training.memory, training.batches, training.dropout, training.export, training.evaluate"
     )
     code = f"import sys, {modules}; print(' '.join(sorted(sys.modules)))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

@@ -13,7 +13,7 @@ import pytest
 
 from core.spec import JobSpec
 from tests.training.util import qa_rows, write_jsonl
-from training import data, evaluate, loop
+from training import batches, data, evaluate
 from training.token_stats import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,22 +25,21 @@ def _args(model: Path, dataset: Path, spec: dict[str, Any]) -> list[str]:
 
 
 def _expected(tokenizer, dataset: Path, spec: JobSpec) -> dict[str, Any]:
-    """What training computes (training.run.load_splits, training.loop), step by step."""
+    """What training computes (training.recipe.load_splits, training.batches), step by step."""
     whole = data.tokenize_file(dataset, tokenizer, None, spec.train_on_inputs)
     stats = data.token_stats([len(t.input_ids) for t in whole], spec.max_seq_len, spec.over_length)
     items, dropped = data.fit_to_length(whole, spec.max_seq_len, spec.over_length)
     train, _ = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
-    batches = loop.epoch_order(spec, [len(t.input_ids) for t in train], 0)
-    per_step = spec.gradient_accumulation_steps * spec.num_gpus
+    lengths = [len(t.input_ids) for t in train]
+    steps = batches.epoch_steps(spec, lengths, 0)
+    micro = [m for step in steps for m in batches.split_step(spec, lengths, step)]
     return {
         **stats,
         "dropped": dropped,
-        "micro_batches_per_epoch": len(batches),
-        "steps_per_epoch": math.ceil(len(batches) / per_step),
-        "examples_per_micro_batch": round(len(train) / len(batches), 2),
-        "run_epochs": round(spec.max_steps / math.ceil(len(batches) / per_step), 2)
-        if spec.max_steps
-        else spec.epochs,
+        "micro_batches_per_epoch": len(micro),
+        "steps_per_epoch": len(steps),
+        "examples_per_micro_batch": round(len(train) / len(micro), 2),
+        "run_epochs": round(spec.max_steps / len(steps), 2) if spec.max_steps else spec.epochs,
         "train_examples": len(train),
     }
 

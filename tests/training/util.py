@@ -32,3 +32,10 @@ def qa_rows(n: int, start: int = 0) -> list[dict[str, Any]]:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl as the worker reads it (core.run_protocol.read_records: resumes applied), as dicts."""
+    from core.run_protocol import read_records
+
+    return [r.model_dump() for r in read_records(path)]

@@ -1,0 +1,123 @@
+"""Which examples train together: each optimizer step's global batch is fixed first, then split.
+
+A step's global batch is a list of rows: a padded row is one example; a packed row is examples
+packed (best-fit decreasing) into at most max_seq_len tokens. A step holds micro x accumulation x
+num_gpus rows, and an epoch's steps are a pure function of (seed, epoch, lengths, max_seq_len and that
+effective batch), never of how the step is split:
+- padded: a seeded permutation is cut into chunks of GROUP_STEPS steps' worth of examples; each chunk
+  is sorted by length and cut into steps, so a step holds similar lengths and its micro-batches carry
+  little padding.
+- packed: a seeded permutation is cut into chunks of about GROUP_ROWS rows' worth of tokens; each chunk
+  is packed into rows, which are shuffled, and the epoch's rows are cut into steps.
+The steps of an epoch are then shuffled. Only then is a step split (`split_step`): a micro-batch is
+micro_batch_size consecutive rows (packed: one row of up to micro x max_seq_len tokens), and the
+micro-batches are dealt to ranks (`rank_share`). So micro 4 x accumulation 1, micro 1 x accumulation 4
+and 2 ranks x micro 2 train on the same examples at every step, every full step splits into exactly
+accumulation x num_gpus micro-batches, and the loss, normalised by the step's target tokens, is the same.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, insort
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from core.spec import JobSpec
+
+Lengths = Sequence[int] | Mapping[int, int]  # tokens of example i: lengths[i]
+Row = list[int]  # example indices: one (padded) or packed into max_seq_len tokens
+Step = list[Row]  # an optimizer step's global batch
+GROUP_STEPS = 32  # padded: steps sorted by length together; bigger = less padding, less randomness
+GROUP_ROWS = 128  # packed: rows packed together; bigger = fuller rows, less randomness
+
+
+def step_rows(spec: JobSpec) -> int:
+    """Rows in a step's global batch: the effective batch size."""
+    return spec.micro_batch_size * spec.gradient_accumulation_steps * spec.num_gpus
+
+
+def epoch_steps(spec: JobSpec, lengths: Sequence[int], epoch: int) -> list[Step]:
+    """The global batches of one epoch's optimizer steps."""
+    rng = np.random.default_rng([spec.seed, epoch])
+    order = rng.permutation(len(lengths)).tolist()
+    size = step_rows(spec)
+    if spec.packing:
+        rows = _packed_rows(order, lengths, spec.max_seq_len, rng)
+        steps = [rows[j : j + size] for j in range(0, len(rows), size)]
+    else:
+        steps = _padded_steps(order, lengths, size)
+    return [steps[k] for k in rng.permutation(len(steps)).tolist()]
+
+
+def _padded_steps(order: list[int], lengths: Sequence[int], size: int) -> list[Step]:
+    steps: list[Step] = []
+    group = size * GROUP_STEPS
+    for start in range(0, len(order), group):
+        chunk = sorted(order[start : start + group], key=lambda i: (-lengths[i], i))
+        steps.extend([[i] for i in chunk[j : j + size]] for j in range(0, len(chunk), size))
+    return steps
+
+
+def _packed_rows(
+    order: list[int], lengths: Sequence[int], capacity: int, rng: np.random.Generator
+) -> list[Row]:
+    if lengths and max(lengths) > capacity:
+        raise ValueError(f"an example of {max(lengths)} tokens does not fit a row of {capacity}")
+    rows: list[Row] = []
+    chunk: list[int] = []
+    tokens = 0
+    for n, i in enumerate(order):
+        chunk.append(i)
+        tokens += lengths[i]
+        if tokens >= GROUP_ROWS * capacity or n == len(order) - 1:
+            packed = best_fit_decreasing(chunk, lengths, capacity)
+            rows.extend(packed[k] for k in rng.permutation(len(packed)).tolist())  # mix long and short
+            chunk, tokens = [], 0
+    return rows
+
+
+def split_step(spec: JobSpec, lengths: Lengths, step: Step) -> list[list[int]]:
+    """A step's micro-batches (example indices), over all ranks: micro_batch_size rows each (padded rows
+    sorted by length first, so similar lengths share a micro-batch)."""
+    if not spec.packing:
+        step = sorted(step, key=lambda row: (-lengths[row[0]], row[0]))
+    size = spec.micro_batch_size
+    return [[i for row in step[j : j + size] for i in row] for j in range(0, len(step), size)]
+
+
+def rank_share(n: int, rank: int, world: int) -> tuple[list[int], int]:
+    """Which of a step's `n` micro-batches this rank runs (every world-th), and how many padding
+    batches it adds so all ranks run the same number (FSDP's collectives must match)."""
+    mine = list(range(rank, n, world))
+    return mine, math.ceil(n / world) - len(mine)
+
+
+def total_steps(spec: JobSpec, lengths: Sequence[int]) -> int:
+    """Optimizer steps of the run: max_steps, or the steps of all epochs (the last step of an epoch
+    may hold fewer rows; packed epochs may differ by a step or so)."""
+    if spec.max_steps is not None:
+        return spec.max_steps
+    if not spec.packing:
+        return spec.epochs * math.ceil(len(lengths) / step_rows(spec))
+    return sum(len(epoch_steps(spec, lengths, e)) for e in range(spec.epochs))
+
+
+def best_fit_decreasing(items: Sequence[int], lengths: Lengths, capacity: int) -> list[list[int]]:
+    """Bins of at most `capacity` tokens: longest first, each into the fullest bin it fits (ties keep
+    the items' order, so a shuffled input gives a seeded result)."""
+    bins: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (free tokens, bin number), sorted
+    for j in sorted(range(len(items)), key=lambda j: -lengths[items[j]]):
+        i, n = items[j], lengths[items[j]]
+        k = bisect_left(free, (n, -1))
+        if k < len(free):
+            space, b = free.pop(k)
+        else:
+            space, b = capacity, len(bins)
+            bins.append([])
+        bins[b].append(i)
+        if space > n:
+            insort(free, (space - n, b))
+    return bins

@@ -1,0 +1,360 @@
+"""The training recipe, read top to bottom: setup -> train -> finish (a torchtune recipe, litgpt's fit).
+
+setup(config, stop) builds all a run needs into a State (device, FSDP, tokenizer, data, model,
+optimizer, the newest checkpoint resumed, metrics writer) and writes the start record. train(state) is
+the loop: a step, its record, evaluation and early stopping, checkpoints, a stop request. finish(state)
+writes the adapter, the merged export if asked, and the done record.
+
+Under torchrun every rank runs all three; rank 0 alone writes files. The collectives (a step,
+evaluation, a checkpoint, the stop vote, the adapter's gather) come on every rank in the same order,
+because every decision below depends only on the position and the spec, the same on all ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from core.run_protocol import (
+    CheckpointRecord,
+    DoneRecord,
+    EvalRecord,
+    RunConfig,
+    StartRecord,
+    StepRecord,
+    StoppedRecord,
+)
+from core.spec import JobSpec
+from core.storage import ADAPTER_DIR, CHECKPOINTS_DIR, MERGED_DIR, METRICS_FILE
+from training import batches, checkpoint, distributed, evaluate, export, memory, metrics, model
+from training.batches import Step
+from training.data import Tokenized, load_for_training
+from training.step import Parts, Position, StepResult, lr_at, make_optimizer, train_step
+
+log = logging.getLogger("ftune.training")
+
+
+class StopFlag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+@dataclass
+class State:
+    """Everything setup built; train and finish advance `pos` and write through `writer`."""
+
+    config: RunConfig
+    parts: Parts
+    items: list[Tokenized]
+    val_items: list[Tokenized]
+    pad_id: int
+    total_steps: int
+    pos: Position
+    writer: metrics.MetricsWriter
+    tracker: memory.PeakMemory
+    stop: StopFlag
+    saved: set[int] = field(default_factory=set)  # steps whose checkpoint is on disk
+    epoch: int = -1  # the epoch whose steps are in `steps`
+    steps: list[Step] = field(default_factory=list)  # that epoch's global batches
+
+    @property
+    def spec(self) -> JobSpec:
+        return self.parts.spec
+
+    @property
+    def out(self) -> Path:
+        return Path(self.config.output_dir)
+
+
+def setup(config: RunConfig, stop: StopFlag) -> State:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    spec = config.spec
+    seed_everything(spec.seed)
+    device = model.pick_device()
+    sharded = distributed.launched()
+    if sharded:
+        distributed.check_shardable(spec)
+        device = distributed.init(device)
+        if not distributed.is_main():
+            log.setLevel(logging.WARNING)  # one rank's progress is enough
+    log.info("job %s: %s on %s, base %s", config.job_id, spec.method, device, config.model_dir)
+
+    tokenizer = model.load_tokenizer(Path(config.model_dir))
+    items, val_items, dropped, token_stats = load_splits(config, tokenizer)
+    log.info(
+        "dataset: %d training and %d validation examples (%d dropped: over max_seq_len with "
+        "over_length=drop, or nothing to train on); tokens per example %s",
+        len(items), len(val_items), dropped, token_stats,
+    )  # fmt: skip
+
+    precision = model.precision_for(spec, device, model.bf16_supported(device))
+    if sharded and precision.scaled:
+        raise ValueError("fp16 loss scaling (a GPU without bf16) is not supported under FSDP (num_gpus > 1)")
+    torch.manual_seed(spec.seed)  # LoRA init: the same on every rank, which then keeps its slice
+    # Under FSDP a LoRA base is loaded on the CPU: fully_shard moves each unit's slice to the device, so
+    # no GPU ever holds the whole model. bitsandbytes quantizes on the device it loads to, so QLoRA
+    # loads there. (Only the CPU case is tested here.)
+    on = torch.device("cpu") if sharded and spec.method == "lora" else device
+    net = model.load_model(spec, Path(config.model_dir), on)
+    if sharded:
+        distributed.shard(net, device)
+        log.info("FSDP over %d processes", distributed.world_size())
+    params = [p for _, p in model.trainable_parameters(net)]
+    scaler = torch.amp.GradScaler(device.type) if precision.scaled else None
+    parts = Parts(spec, net, make_optimizer(spec, params), params, device, precision.autocast, scaler)
+    total = batches.total_steps(spec, [len(x.input_ids) for x in items])
+
+    latest = checkpoint.latest_checkpoint(Path(config.output_dir) / CHECKPOINTS_DIR)
+    pos = checkpoint.load_checkpoint(latest, parts) if latest else Position()
+    if latest:
+        log.info("resumed from %s", latest)
+    path = Path(config.output_dir) / METRICS_FILE
+    writer = metrics.MetricsWriter(path) if distributed.is_main() else metrics.NullWriter()
+    writer.write(
+        StartRecord(
+            total_steps=total,
+            num_examples=len(items),
+            num_validation_examples=len(val_items),
+            dropped_examples=dropped,
+            token_stats=token_stats,
+            trainable_params=sum(p.numel() for p in params),
+            resumed_from_step=pos.step,
+            predicted_peak_bytes=memory.predicted_peak_bytes(spec, Path(config.model_dir), device),
+        )
+    )
+    state = State(
+        config=config,
+        parts=parts,
+        items=items,
+        val_items=val_items,
+        pad_id=pad_id(tokenizer),
+        total_steps=total,
+        pos=pos,
+        writer=writer,
+        tracker=memory.PeakMemory(device),
+        stop=stop,
+    )
+    if latest:
+        state.saved.add(pos.step)
+    return state
+
+
+def train(state: State) -> bool:
+    """Optimizer steps until total_steps or an early stop (True), or until a stop request (False:
+    the state is checkpointed and a stopped record written). Checkpoints every checkpoint_every_steps
+    steps, at each epoch end and at the end."""
+    spec, pos, parts = state.spec, state.pos, state.parts
+    parts.model.train()
+    if pos.stopped_early:  # resumed from the checkpoint an early stop left
+        return True
+    ran = False
+    while pos.step < state.total_steps:
+        if stop_requested(state):
+            return stopped(state, save=ran)  # nothing to save when this process has not stepped
+
+        # Step: the next global batch of the epoch, split across micro-batches and ranks.
+        steps = epoch_steps(state, pos.epoch)
+        lr = lr_at(spec, pos.step, state.total_steps)
+        start = time.perf_counter()
+        with state.tracker.step(memory.model_state_tensors(parts.model, parts.optimizer)):
+            result = train_step(
+                parts, state.items, state.pad_id, steps[pos.step_in_epoch], lr=lr,
+                dropout_key=(spec.seed, pos.epoch),
+            )  # fmt: skip
+        seconds = time.perf_counter() - start
+        epoch_ended = advance(pos, result, seconds, len(steps))
+        ran = True
+
+        # Record.
+        record_step(state, result, seconds, len(steps))
+
+        # Evaluate, and stop early when evaluations stop improving.
+        if state.val_items and evaluate.is_eval_step(spec, pos.step, state.total_steps, epoch_ended):
+            run_evaluation(state)
+            if evaluate.should_stop_early(spec, pos):
+                log.info(
+                    "early stop: %d evaluations without a better eval loss", pos.evals_without_improvement
+                )
+                pos.stopped_early = True
+                save_checkpoint(state)
+                return True
+
+        # Checkpoint.
+        every = spec.checkpoint_every_steps
+        if pos.step >= state.total_steps or epoch_ended or (every and pos.step % every == 0):
+            save_checkpoint(state)
+    if stop_requested(state):  # asked during the last step: stop, rather than spend time exporting
+        return stopped(state, save=True)
+    return True
+
+
+def finish(state: State) -> None:
+    """The adapter (and merged model, if asked) written, then the done record."""
+    spec, pos, out = state.spec, state.pos, state.out
+    adapter_dir = out / ADAPTER_DIR
+    final_loss = pos.losses[-1] if pos.losses else None
+    net = state.parts.model
+    weights = {n: distributed.full_tensor(p) for n, p in model.trainable_parameters(net)}  # collective
+    merged_dir = None
+    if distributed.is_main():
+        card = export.model_card(state.config, final_loss=final_loss, pos=pos, peak=state.tracker.peak_bytes)
+        export.save_adapter(net, weights, adapter_dir, spec.base_model, card)
+        if spec.export == "merged":
+            dtype = model.base_dtype(spec, Path(state.config.model_dir))
+            merged_dir = export.export_merged(
+                Path(state.config.model_dir), adapter_dir, out / MERGED_DIR, dtype
+            )
+            log.info("merged model at %s", merged_dir)
+    distributed.barrier()
+    state.writer.write(
+        DoneRecord(
+            step=pos.step,
+            final_loss=final_loss,
+            adapter_dir=str(adapter_dir),
+            stopped_early=pos.stopped_early,
+            best_eval_loss=pos.best_eval_loss,
+            merged_dir=str(merged_dir) if merged_dir else None,
+        )
+    )
+    state.writer.close()
+    log.info("done: %d steps, final loss %s, adapter at %s", pos.step, final_loss, adapter_dir)
+
+
+# The loop's parts, in the order the loop uses them.
+
+
+def stop_requested(state: State) -> bool:
+    """Collective: every rank stops after the same step, whichever rank got the SIGTERM."""
+    return distributed.any_rank(state.stop.is_set())
+
+
+def stopped(state: State, save: bool) -> bool:
+    if save:
+        save_checkpoint(state)  # a no-op when the last step was just saved
+    log.info("stopped at step %d", state.pos.step)
+    state.writer.write(StoppedRecord(step=state.pos.step))
+    state.writer.close()
+    return False
+
+
+def epoch_steps(state: State, epoch: int) -> list[Step]:
+    """The global batches of `epoch`, computed once per epoch (a pure function of the spec)."""
+    if state.epoch != epoch:
+        lengths = [len(x.input_ids) for x in state.items]
+        state.epoch, state.steps = epoch, batches.epoch_steps(state.spec, lengths, epoch)
+    return state.steps
+
+
+def advance(pos: Position, result: StepResult, seconds: float, steps_in_epoch: int) -> bool:
+    """Move `pos` past a step; returns whether the step ended its epoch."""
+    pos.step += 1
+    pos.tokens_seen += result.tokens
+    pos.losses.append(result.loss)
+    pos.elapsed_s += seconds
+    pos.step_in_epoch += 1
+    if pos.step_in_epoch < steps_in_epoch:
+        return False
+    pos.epoch, pos.step_in_epoch = pos.epoch + 1, 0
+    return True
+
+
+def record_step(state: State, r: StepResult, seconds: float, steps_in_epoch: int) -> None:
+    pos, peak = state.pos, state.tracker.peak_bytes
+    speed, eta = (
+        metrics.tokens_per_s(r.tokens, seconds),
+        metrics.eta_s(pos.elapsed_s, pos.step, state.total_steps),
+    )
+    state.writer.write(
+        StepRecord(
+            step=pos.step,
+            total_steps=state.total_steps,
+            epoch=round(pos.epoch + pos.step_in_epoch / steps_in_epoch, 4),
+            loss=r.loss,
+            lr=r.lr,
+            grad_norm=r.grad_norm,
+            tokens=r.tokens,
+            target_tokens=r.target_tokens,
+            tokens_per_s=speed,
+            elapsed_s=round(pos.elapsed_s, 3),
+            eta_s=eta,
+            peak_mem_bytes=peak,
+        )
+    )
+    log.info(
+        "step %d/%d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s peak %.1f MiB eta %ss",
+        pos.step, state.total_steps, r.loss, r.lr, r.grad_norm, speed or 0, peak / 2**20, eta,
+    )  # fmt: skip
+
+
+def run_evaluation(state: State) -> None:
+    """Collective under FSDP (the forward gathers the shards): evaluate, track the best, record."""
+    parts, pos = state.parts, state.pos
+    ev = evaluate.evaluate(
+        parts.model, state.val_items, state.spec.micro_batch_size, state.pad_id, parts.device, parts.autocast
+    )
+    evaluate.record_eval(pos, ev.loss, state.spec.early_stopping_min_delta)
+    state.writer.write(
+        EvalRecord(
+            step=pos.step,
+            eval_loss=ev.loss,
+            eval_token_accuracy=ev.token_accuracy,
+            eval_tokens=ev.target_tokens,
+            best_eval_loss=pos.best_eval_loss,
+        )
+    )
+    log.info("eval at step %d: loss %.4f token accuracy %.3f", pos.step, ev.loss, ev.token_accuracy)
+
+
+def save_checkpoint(state: State) -> None:
+    """Collective: the whole state after pos.step steps, once per step."""
+    step = state.pos.step
+    if step in state.saved:
+        return
+    path = checkpoint.save_checkpoint(state.out / CHECKPOINTS_DIR, state.parts, state.pos, state.total_steps)
+    state.saved.add(step)
+    state.writer.write(CheckpointRecord(step=step, path=str(path)))
+    log.info("checkpoint %s", path)
+
+
+# Setup's helpers.
+
+
+def load_splits(config: RunConfig, tokenizer: object) -> tuple[list[Tokenized], list[Tokenized], int, dict]:
+    """(training examples, validation examples, examples dropped (too long under over_length=drop, or
+    nothing to train on), token statistics of the training file)."""
+    from training.data import DatasetError
+
+    spec = config.spec
+    items, dropped, stats = load_for_training(
+        Path(config.dataset_path), tokenizer, spec, config.column_mapping
+    )
+    if spec.validation_dataset_id:
+        if not config.validation_path:
+            raise DatasetError("the spec names a validation dataset but the run has no path for it")
+        path = Path(config.validation_path)
+        val, _, _ = load_for_training(path, tokenizer, spec, config.validation_column_mapping)
+        return items, val, dropped, stats
+    train_items, val = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
+    return train_items, val, dropped, stats
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def pad_id(tokenizer: object) -> int:
+    for tid in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if tid is not None:
+            return int(tid)
+    return 0
