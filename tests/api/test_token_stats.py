@@ -1,12 +1,12 @@
-"""A new job's token statistics: computed in the background by the real `python -m training.token_stats`
-subprocess against a locally built tiny model, stored on the job, shown in GET /jobs/{id} and its events."""
+"""A new job's token statistics: POST /jobs publishes `ftune.token_stats` on a real broker, a real CPU
+worker (`ftune worker --queue cpu`) runs `python -m training.token_stats` against a locally built tiny
+model and stores them on the job; GET /jobs/{id} and its events show them seconds later."""
 
 from __future__ import annotations
 
 import json
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +14,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from api.token_stats import StatsRequest
 from core.settings import Settings
-from tests.api.conftest import RecordingEnqueuer, RecordingTokenStats, jsonl, new_key
+from tests.api.conftest import jsonl, new_key
+from tests.e2e.stack import Proc, env_for
 
 REPO = Path(__file__).resolve().parents[2]
 ALPACA = [json.loads(line) for line in (REPO / "examples" / "alpaca_small.jsonl").read_text().splitlines()]
@@ -30,14 +30,42 @@ def built_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_demo_model(tmp_path_factory.mktemp("api-models"), name="demo", size=TINY)
 
 
+Start = Callable[..., TestClient]
+
+
 @pytest.fixture
-def real_client(settings: Settings, built_model: Path, enqueued: RecordingEnqueuer) -> Iterator[TestClient]:
-    """The app with the real computation (no token_stats double), models "demo" and "plain"."""
+def stack(settings: Settings, built_model: Path, embedded_broker: str, tmp_path: Path) -> Iterator[Start]:
+    """start(**settings) -> a client of the app (model "demo" and "tiny") publishing to a real broker,
+    with a real CPU worker on the same database, data directory and broker."""
     (settings.models_dir / "demo").symlink_to(built_model)
-    app = create_app(settings, enqueue=enqueued)
-    with TestClient(app, headers=new_key(app, "acme")) as c:
-        yield c
-    app.state.services.engine.dispose()
+    opened: list[tuple[TestClient, Proc]] = []
+
+    def start(**overrides: Any) -> TestClient:
+        config = settings.model_copy(update={"redis_url": embedded_broker, **overrides})
+        extra = {f"FTUNE_{k.upper()}": str(v) for k, v in overrides.items()}
+        env = env_for(
+            tmp_path,
+            settings.models_dir,
+            FTUNE_DATABASE_URL=config.database_url,
+            FTUNE_REDIS_URL=embedded_broker,
+        )
+        worker = Proc(["worker", "--queue", "cpu"], {**env, **extra}, tmp_path / "cpu-worker.log")
+        app = create_app(config)
+        client = TestClient(app, headers=new_key(app, "acme"))
+        client.__enter__()
+        opened.append((client, worker))
+        return client
+
+    yield start
+    for client, worker in opened:
+        client.__exit__(None, None, None)
+        code = worker.stop()
+        assert code == 0, worker.tail()
+
+
+@pytest.fixture
+def real_client(stack: Start) -> TestClient:
+    return stack()
 
 
 def _upload(client: TestClient, rows: list[dict[str, Any]], mapping: dict[str, str] | None = None) -> str:
@@ -105,53 +133,8 @@ def test_nothing_to_train_on_fails_clearly(real_client: TestClient) -> None:
     assert events[-1]["kind"] == "token_stats" and "failed (invalid_dataset)" in events[-1]["message"]
 
 
-def test_a_computation_past_the_timeout_is_killed(settings: Settings, built_model: Path) -> None:
-    (settings.models_dir / "demo").symlink_to(built_model)
-    app = create_app(settings.model_copy(update={"token_stats_timeout_seconds": 0.1}), enqueue=lambda _: True)
-    with TestClient(app, headers=new_key(app, "acme")) as client:
-        r = client.post("/jobs", json={"base_model": "demo", "dataset_id": _upload(client, ALPACA[:5])})
-        stats = _settled(client, r.json()["id"], timeout=30)
-    app.state.services.engine.dispose()
+def test_a_computation_past_the_timeout_is_killed(stack: Start) -> None:
+    client = stack(token_stats_timeout_seconds=0.1)
+    r = client.post("/jobs", json={"base_model": "demo", "dataset_id": _upload(client, ALPACA[:5])})
+    stats = _settled(client, r.json()["id"], timeout=60)
     assert stats["status"] == "failed" and stats["error"]["code"] == "timeout", stats
-
-
-def test_the_request_names_resolved_paths_and_the_uploads_mapping(
-    client: TestClient, token_stats: RecordingTokenStats, settings: Settings
-) -> None:
-    rows = [{"question": "2+2?", "answer": "4"}] * 3
-    dataset_id = _upload(client, rows, MAPPING)
-    r = client.post("/jobs", json={"base_model": "tiny", "dataset_id": dataset_id})
-    assert r.status_code == 202 and r.json()["token_stats"]["status"] == "pending"
-    deadline = time.monotonic() + 10
-    while not token_stats.requests and time.monotonic() < deadline:
-        time.sleep(0.05)
-    (req,) = token_stats.requests
-    assert req.job_id == r.json()["id"] and req.column_mapping == MAPPING
-    assert req.model_dir == settings.models_dir / "tiny"
-    assert req.dataset_path == settings.data_dir / "datasets" / f"{dataset_id}.jsonl"
-    assert json.loads(req.spec_json)["dataset_id"] == dataset_id
-
-
-class Blocking:
-    """Holds the one computation thread until released, then answers `failed`."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-
-    def __call__(self, request: StatsRequest, stop: threading.Event) -> dict[str, Any] | None:
-        self.release.wait(10)
-        return {"status": "failed", "error": {"code": "x", "message": "released"}}
-
-
-def test_a_full_queue_answers_busy_and_the_api_stays_responsive(settings: Settings, dataset_id: str) -> None:
-    blocking = Blocking()
-    app = create_app(settings.model_copy(update={"token_stats_max_waiting": 2}), lambda _: True, blocking)
-    with TestClient(app, headers=new_key(app, "acme")) as client:
-        ids = [client.post("/jobs", json={"base_model": "tiny", "dataset_id": dataset_id}).json()["id"]]
-        ids += [client.post("/jobs", json={"base_model": "tiny", "dataset_id": dataset_id}).json()["id"]]
-        busy = client.post("/jobs", json={"base_model": "tiny", "dataset_id": dataset_id}).json()
-        assert busy["token_stats"]["status"] == "failed" and busy["token_stats"]["error"]["code"] == "busy"
-        assert client.get(f"/jobs/{ids[0]}").json()["token_stats"]["status"] == "pending"
-        blocking.release.set()
-        assert _settled(client, ids[1], timeout=10)["error"]["message"] == "released"
-    app.state.services.engine.dispose()
