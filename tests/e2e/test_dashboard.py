@@ -183,6 +183,35 @@ def test_sse_stream_ends_on_the_server_when_the_client_goes(stack: Stack) -> Non
         time.sleep(0.2)
 
 
+def _sign_in(page: Any) -> None:
+    page.wait_for_selector("#login", state="visible")
+    page.fill("#key-input", AUTH["Authorization"].split()[1])
+    page.click("#login button")
+
+
+def test_a_row_never_shows_a_status_its_count_has_not_reached(stack: Stack, browser: Browser) -> None:
+    """A job that finishes while the dashboard refreshes: its row and the counts come from two requests,
+    so the counts must be read after the rows (a finished job stays finished), and drawn with them."""
+    assert stack.worker is None, "this test needs its job to stay queued until it cancels it"
+    job_id = stack.submit()
+    page = browser.new_page(f"{stack.base}/dashboard?interval=500")
+    _sign_in(page)
+    page.wait_for_selector(f"#job-{job_id}[data-status=queued]")
+    cancelled: list[int] = []
+
+    def cancel_then_list(route: Any) -> None:  # the job finishes while the page asks for its rows
+        if not cancelled:
+            cancelled.append(api.post(f"{stack.base}/jobs/{job_id}/cancel").status_code)
+        route.continue_()
+
+    page.route(re.compile(r"/jobs\?limit="), cancel_then_list)
+    page.wait_for_selector(f"#job-{job_id}[data-status=cancelled]")
+    assert cancelled == [202]
+    assert page.inner_text("[data-count=cancelled] b") == "1"
+    page.unroute(re.compile(r"/jobs\?limit="))
+    page.close()
+
+
 def test_dashboard_follows_a_training_job_live(stack: Stack, browser: Browser) -> None:
     assert stack.worker is None, "this test needs the worker not started yet (run the module in order)"
     job_id = stack.job_id
