@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -71,29 +72,41 @@ async def upload_dataset(
     The file is validated line by line as it streams in. A file with problems is stored with status
     `invalid` (so its report can be fetched) and answered with 422 listing the problems by line.
     """
+    # Every database call runs in a worker thread (run_in_threadpool): a slow or locked database must
+    # not stop this event loop from serving other requests and streaming other uploads.
     key = idempotency_key
     scope_key = f"{principal.tenant_id} {SCOPE}"
-    replay = idem.claim(services.sessions, scope_key, key, None) if key else None
+    replay = await run_in_threadpool(idem.claim, services.sessions, scope_key, key, None) if key else None
     owns_key = key is not None and replay is None
     tmp = services.storage.temp_file()
     try:
-        filename, report = await _receive_and_validate(request, services, tmp, _room(services, principal))
+        room = await run_in_threadpool(_room, services, principal)
+        filename, report = await _receive_and_validate(request, services, tmp, room)
         request_hash = body_hash(
             {k: report[k] for k in ("sha256", "column_mapping")} | {"filename": filename}
         )
         if key and replay:
-            check_replay_body(services, scope_key, key, request_hash)
+            await run_in_threadpool(check_replay_body, services, scope_key, key, request_hash)
             return replayed(*replay)
-        response = _store(services, principal, tmp, filename, report)
+        response = await run_in_threadpool(_store, services, principal, tmp, filename, report)
     except BaseException:
         if owns_key:
-            idem.release(services.sessions, scope_key, key)  # type: ignore[arg-type]
+            with anyio.CancelScope(shield=True):  # also when the client went away (a cancellation)
+                await run_in_threadpool(idem.release, services.sessions, scope_key, key)  # type: ignore[arg-type]
         raise
     finally:
         tmp.unlink(missing_ok=True)
     if owns_key:
         body = json.loads(response.body)
-        idem.finish(services.sessions, scope_key, key, request_hash, response.status_code, body)  # type: ignore[arg-type]
+        await run_in_threadpool(
+            idem.finish,
+            services.sessions,
+            scope_key,
+            key,
+            request_hash,
+            response.status_code,
+            body,  # type: ignore[arg-type]
+        )
     return response
 
 
