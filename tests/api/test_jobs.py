@@ -123,3 +123,41 @@ def test_health_and_ready_without_broker(client: TestClient) -> None:
     assert client.get("/health").json() == {"status": "ok"}
     r = client.get("/ready")
     assert r.status_code == 503 and r.json()["checks"] == {"database": True, "broker": False}
+
+
+def test_pause_and_resume_a_queued_job(
+    client: TestClient, dataset_id: str, enqueued: RecordingEnqueuer
+) -> None:
+    job_id = client.post("/jobs", json={"base_model": "tiny", "dataset_id": dataset_id}).json()["id"]
+    r = client.post(f"/jobs/{job_id}/pause")
+    assert r.status_code == 202 and r.json()["status"] == "paused", r.text
+    r = client.post(f"/jobs/{job_id}/pause")
+    assert r.status_code == 409
+    assert r.json()["error"] == {
+        "code": "job_not_pausable",
+        "message": f"job {job_id} is paused; only a queued or running job can be paused",
+        "param": "job_id",
+        "details": {"status": "paused", "cancel_requested": False},
+    }
+    assert client.get("/jobs?status=paused").json()["data"][0]["id"] == job_id
+    r = client.post(f"/jobs/{job_id}/resume")
+    assert r.status_code == 202 and r.json()["status"] == "queued", r.text
+    assert enqueued.sent == [job_id, job_id]  # woken again, after the commit
+    r = client.post(f"/jobs/{job_id}/resume")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "job_not_paused"
+    assert r.json()["error"]["details"] == {"status": "queued"}
+    events = client.get(f"/jobs/{job_id}/events").json()["data"]
+    assert [e["kind"] for e in events] == ["queued", "paused", "resumed"]
+    assert events[1]["message"] == "paused before it started"
+
+
+def test_a_paused_job_can_be_cancelled_and_then_neither_paused_nor_resumed(
+    client: TestClient, dataset_id: str
+) -> None:
+    job_id = client.post("/jobs", json={"base_model": "tiny", "dataset_id": dataset_id}).json()["id"]
+    assert client.post(f"/jobs/{job_id}/pause").status_code == 202
+    r = client.post(f"/jobs/{job_id}/cancel")
+    assert r.status_code == 202 and r.json()["status"] == "cancelled"
+    assert client.post(f"/jobs/{job_id}/pause").json()["error"]["code"] == "job_not_pausable"
+    assert client.post(f"/jobs/{job_id}/resume").json()["error"]["code"] == "job_not_paused"
+    assert client.post(f"/jobs/{job_id}/cancel").json()["error"]["code"] == "job_finished"
