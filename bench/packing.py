@@ -4,13 +4,13 @@
 
 The dataset is generated: token lengths lognormal with median ~150 and a long tail clipped at
 max_seq_len, random token ids, the first 20-60% of each example masked as its prompt. Four trainers
-run the same number of optimizer steps through the real training step (training.loop.train_step),
+run the same number of optimizer steps through the real training step (training.step.train_step),
 their steps interleaved so that load from other work on the machine hits all of them alike:
 
 - padded: plain padded batches, the baseline of the goal (packed >= 1.5x padded): shuffled micro-batches
   of micro_batch_size examples, each padded to its longest, SDPA + padding mask. This is what the common
   SFT trainers do by default (no length grouping).
-- grouped: ftune's `packing: false`, the same but length-grouped (training.data.epoch_batches), the
+- grouped: ftune's `packing: false`, the same but length-grouped (training.batches.epoch_steps), the
   other way to waste little on padding.
 - packed: ftune's default `packing: true`, up to micro_batch_size * max_seq_len tokens per micro-batch,
   attention per example (training.packing's ftune_packed).
@@ -39,7 +39,8 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,10 +49,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.spec import JobSpec
+from training.batches import Step, epoch_steps, split_step
 from training.data import IGNORE, Tokenized
 from training.demo import build_demo_model
-from training.loop import Position, Trainer, make_optimizer, total_steps, train_step
 from training.model import load_model, trainable_parameters
+from training.step import Parts, StepResult, make_optimizer, train_step
 
 
 def make_items(n: int, max_seq_len: int, seed: int = 0) -> list[Tokenized]:
@@ -68,8 +70,11 @@ def make_items(n: int, max_seq_len: int, seed: int = 0) -> list[Tokenized]:
 @dataclass
 class Mode:
     name: str
-    trainer: Trainer
-    pos: Position = field(default_factory=Position)
+    parts: Parts
+    items: list[Tokenized]
+    order: Callable[[int], list[Step]]  # an epoch's steps
+    epoch: int = 0
+    index: int = 0  # next step within the epoch
     wall: float = 0.0  # seconds
     cpu: float = 0.0  # process CPU seconds, all threads: less sensitive to other work on the machine
     real: int = 0  # non-padding tokens
@@ -79,7 +84,7 @@ class Mode:
     first_loss: float | None = None
 
 
-def make_trainer(model_dir: Path, items: list[Tokenized], packing: bool, dense: bool, args) -> Trainer:
+def make_mode(name: str, model_dir: Path, items: list[Tokenized], packing: bool, dense: bool, args) -> Mode:
     spec = JobSpec(
         base_model="bench",
         dataset_id="benchmark01",
@@ -95,28 +100,42 @@ def make_trainer(model_dir: Path, items: list[Tokenized], packing: bool, dense: 
     model_spec = spec.model_copy(update={"packing": False}) if dense else spec
     model = load_model(model_spec, model_dir, torch.device("cpu"))
     params = [p for _, p in trainable_parameters(model)]
-    steps = total_steps(spec, [len(t.input_ids) for t in items])
-    return Trainer(spec, model, make_optimizer(spec, params), params, items, 0, torch.device("cpu"), steps)
+    lengths = [len(t.input_ids) for t in items]
+    parts = Parts(spec, model, make_optimizer(spec, params), params, torch.device("cpu"))
+    return Mode(name, parts, items, lambda epoch: epoch_steps(spec, lengths, epoch))
 
 
-def plain_padded(t: Trainer) -> Trainer:
-    """The same trainer with plain shuffled micro-batches, no length grouping: the padded baseline."""
-    n, size = len(t.items), t.spec.micro_batch_size
+def plain_padded(m: Mode) -> Mode:
+    """The same mode with plain shuffled micro-batches, no length grouping: the padded baseline."""
+    n, size = len(m.items), m.parts.spec.micro_batch_size
 
-    def order(epoch: int) -> list[list[int]]:
-        perm = np.random.default_rng([t.spec.seed, epoch]).permutation(n).tolist()
-        return [perm[i : i + size] for i in range(0, n, size)]
+    def order(epoch: int) -> list[Step]:
+        perm = np.random.default_rng([m.parts.spec.seed, epoch]).permutation(n).tolist()
+        return [[[i] for i in perm[j : j + size]] for j in range(0, n, size)]
 
-    t.epoch_order = order  # type: ignore[method-assign]
-    return t
+    m.order = order
+    return m
 
 
-def account(m: Mode) -> None:
-    """Count the work of the step about to run at m.pos (before train_step advances it)."""
-    t, spec = m.trainer, m.trainer.spec
-    order = t.epoch_order(m.pos.epoch)
-    for idx in order[m.pos.batch_index : m.pos.batch_index + spec.gradient_accumulation_steps]:
-        lens = [len(t.items[i].input_ids) for i in idx]
+def next_step(m: Mode) -> Step:
+    steps = m.order(m.epoch)
+    step = steps[m.index]
+    m.index += 1
+    if m.index == len(steps):
+        m.epoch, m.index = m.epoch + 1, 0
+    return step
+
+
+def run_step(m: Mode, step: Step) -> StepResult:
+    return train_step(m.parts, m.items, 0, step, lr=m.parts.spec.learning_rate)
+
+
+def account(m: Mode, step: Step) -> None:
+    """Count the work of a step."""
+    spec = m.parts.spec
+    lengths = [len(t.input_ids) for t in m.items]
+    for idx in split_step(spec, lengths, step):
+        lens = [lengths[i] for i in idx]
         m.real += sum(lens)
         m.needed += sum(n * n for n in lens)
         if not spec.packing:
@@ -157,21 +176,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_demo_model(Path(tmp))
         build = {
-            "padded": lambda: plain_padded(make_trainer(model_dir, items, False, False, args)),
-            "grouped": lambda: make_trainer(model_dir, items, False, False, args),
-            "packed": lambda: make_trainer(model_dir, items, True, False, args),
-            "packed-dense": lambda: make_trainer(model_dir, items, True, True, args),
+            "padded": lambda: plain_padded(make_mode("padded", model_dir, items, False, False, args)),
+            "grouped": lambda: make_mode("grouped", model_dir, items, False, False, args),
+            "packed": lambda: make_mode("packed", model_dir, items, True, False, args),
+            "packed-dense": lambda: make_mode("packed-dense", model_dir, items, True, True, args),
         }
-        modes = [Mode(name, build[name]()) for name in args.modes]
+        modes = [build[name]() for name in args.modes]
         for m in modes:
-            m.trainer.model.train()
-            m.first_loss = train_step(m.trainer, m.pos).loss  # warm-up: allocations, optimizer state
+            m.parts.model.train()
+            m.first_loss = run_step(m, next_step(m)).loss  # warm-up: allocations, optimizer state
         for _ in range(args.steps):
             for m in modes:  # interleaved: load from other work hits every mode alike
                 real_before = m.real
-                account(m)
+                step = next_step(m)
+                account(m, step)
                 wall, cpu = time.perf_counter(), time.process_time()
-                result = train_step(m.trainer, m.pos)
+                result = run_step(m, step)
                 m.wall += time.perf_counter() - wall
                 m.cpu += time.process_time() - cpu
                 assert result.tokens == m.real - real_before  # the loop counts what account() does

@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core.spec import JobSpec
 from training.data import Tokenized
 from training.demo import DemoSize, build_demo_model
-from training.loop import Position, Trainer, make_optimizer, train_step
 from training.memory import PeakMemory, model_state_tensors
 from training.model import load_model, trainable_parameters
+from training.step import Parts, make_optimizer, train_step
 
 SIZES = {
     "demo-5M": DemoSize(),
@@ -81,17 +81,16 @@ def bench_one(model_dir: Path, method: str, ckpt: bool, args: argparse.Namespace
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(10, 3000, (args.batch * (args.steps + 2), args.seq_len), generator=gen).tolist()
     items = [Tokenized(row, row) for row in ids]
-    t = Trainer(
-        spec, model, make_optimizer(spec, params), params, items, 0, torch.device("cpu"), spec.max_steps
-    )
-    pos, tracker = Position(), PeakMemory(torch.device("cpu"), measured_steps=1)
+    parts = Parts(spec, model, make_optimizer(spec, params), params, torch.device("cpu"))
+    steps = iter([[i] for i in range(k * args.batch, (k + 1) * args.batch)] for k in range(args.steps + 2))
+    tracker = PeakMemory(torch.device("cpu"), measured_steps=1)
     model.train()
-    train_step(t, pos)  # warm-up: allocations, optimizer states
-    with tracker.step(model_state_tensors(model, t.optimizer)):
-        train_step(t, pos)
+    train_step(parts, items, 0, next(steps), lr=spec.learning_rate)  # warm-up: allocations, optimizer states
+    with tracker.step(model_state_tensors(model, parts.optimizer)):
+        train_step(parts, items, 0, next(steps), lr=spec.learning_rate)
     start = time.perf_counter()
     for _ in range(args.steps):
-        train_step(t, pos)
+        train_step(parts, items, 0, next(steps), lr=spec.learning_rate)
     seconds = (time.perf_counter() - start) / args.steps
     tokens = args.batch * args.seq_len
     return {

@@ -55,7 +55,7 @@ def layout(spec: JobSpec, items: Sequence[Tokenized], indices: Sequence[int], ke
 
 
 class _Masked(torch.autograd.Function):
-    """x * keep * scale, saving the boolean mask only (as torch's dropout does)."""
+    """x * keep * scale, saving the boolean mask only (as torch's fused CUDA dropout does)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
@@ -70,6 +70,9 @@ class _Masked(torch.autograd.Function):
 
 
 class ExampleDropout(torch.nn.Module):
+    """Keeps for backward what torch's dropout keeps (the planner counts that): a bool mask on a GPU,
+    the scaled mask in the input's dtype on a CPU."""
+
     def __init__(self, p: float, index: int) -> None:
         super().__init__()
         self.p, self.index = p, index
@@ -81,21 +84,24 @@ class ExampleDropout(torch.nn.Module):
             return x
         if self.layout is None:
             return F.dropout(x, self.p, training=True)
-        return _Masked.apply(x, self._keep(x), 1.0 / (1.0 - self.p))
+        scale = 1.0 / (1.0 - self.p)
+        if x.device.type == "cuda":
+            return _Masked.apply(x, self._mask(x, self.layout, torch.bool, True), scale)
+        return x * self._mask(x, self.layout, x.dtype, scale)
 
-    def _keep(self, x: torch.Tensor) -> torch.Tensor:
-        rows = self.layout.rows if self.layout else ()
-        if x.dim() != 3 or x.shape[0] != len(rows):
+    def _mask(self, x: torch.Tensor, layout: Layout, dtype: torch.dtype, kept: float | bool) -> torch.Tensor:
+        """`kept` where a token's feature is kept, 0 where dropped; padding is kept (it reaches no target)."""
+        if x.dim() != 3 or x.shape[0] != len(layout.rows):
             raise RuntimeError(
-                f"dropout layout of {len(rows)} rows does not fit an input of {tuple(x.shape)}"
+                f"a dropout layout of {len(layout.rows)} rows for an input of {tuple(x.shape)}"
             )
-        keep = torch.ones(x.shape, dtype=torch.bool, device=x.device)  # padding: never reaches a target
-        for r, spans in enumerate(rows):
+        mask = torch.full(x.shape, kept, dtype=dtype, device=x.device)
+        for r, spans in enumerate(layout.rows):
             for start, n, seed in spans:
                 g = torch.Generator(device=x.device).manual_seed(seed ^ self.salt)
-                draw = torch.rand((n, x.shape[2]), generator=g, device=x.device)
-                keep[r, start : start + n] = draw >= self.p
-        return keep
+                dropped = torch.rand((n, x.shape[2]), generator=g, device=x.device) < self.p
+                mask[r, start : start + n].masked_fill_(dropped, 0)
+        return mask
 
     def extra_repr(self) -> str:
         return f"p={self.p}, index={self.index}"

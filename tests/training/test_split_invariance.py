@@ -1,0 +1,89 @@
+"""Every split of a step's global batch trains the same adapter: micro 4 x accumulation 1, micro 1 x
+accumulation 4, and 2 FSDP ranks (torchrun, gloo) x micro 2, packed and padded, with LoRA dropout on.
+
+The global batch is fixed before it is split (training.batches), the loss is normalised by the step's
+target tokens, and dropout masks are drawn per example (training.dropout), so the splits differ only
+by the order floating-point sums run in. A run with a different effective batch (micro 2 x 1) is the
+control: it must come out different, or the comparison could not fail.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from core.run_protocol import EXIT_OK
+from core.storage import ADAPTER_DIR, METRICS_FILE
+from tests.training.util import qa_rows, read_metrics
+from training.run import run
+from worker.runner import training_command
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+SPLITS = {
+    "micro 4 x accum 1": {"micro_batch_size": 4, "gradient_accumulation_steps": 1},
+    "micro 1 x accum 4": {"micro_batch_size": 1, "gradient_accumulation_steps": 4},
+    "2 ranks x micro 2": {"micro_batch_size": 2, "gradient_accumulation_steps": 1, "num_gpus": 2},
+}
+CONTROL = {"micro_batch_size": 2, "gradient_accumulation_steps": 1}  # a global batch of 2, not 4
+SPEC = {"epochs": 2, "lora_dropout": 0.1, "lr_scheduler": "cosine", "warmup_steps": 1, "max_seq_len": 64}
+
+
+def adapter(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(out / ADAPTER_DIR / "adapter_model.safetensors")
+
+
+def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """max |a - b| / max |a| over the adapter's tensors."""
+    assert a.keys() == b.keys() and a
+    return max(float((a[k] - b[k]).abs().max() / a[k].abs().max()) for k in a)
+
+
+def losses(out: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(out / METRICS_FILE) if r["type"] == "step"}
+
+
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_every_split_of_the_global_batch_trains_the_same_adapter(
+    make_config, tmp_path: Path, packing: bool
+) -> None:
+    rows = qa_rows(22)  # 22 examples: the last step of an epoch is short (padded: 2 of 4 rows)
+    configs = {
+        name: make_config(rows, name=f"split{i}", packing=packing, **SPEC, **split)
+        for i, (name, split) in enumerate({**SPLITS, "control": CONTROL}.items())
+    }
+    start = time.monotonic()
+    path = tmp_path / "fsdp.json"
+    path.write_text(configs["2 ranks x micro 2"].model_dump_json())
+    cmd = training_command(path)
+    env = {**os.environ, "PYTHONWARNINGS": "default"}
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    for name in ("micro 4 x accum 1", "micro 1 x accum 4", "control"):  # while the two ranks train
+        assert run(configs[name]) == EXIT_OK, name
+    log, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, log
+    assert "FSDP over 2 processes" in log
+
+    outs = {name: Path(c.output_dir) for name, c in configs.items()}
+    ref = outs["micro 4 x accum 1"]
+    assert len(losses(ref)) >= 6
+    for name in SPLITS:
+        assert losses(outs[name]) == pytest.approx(losses(ref), rel=1e-5), name
+    diffs = {name: relative_difference(adapter(ref), adapter(outs[name])) for name in SPLITS}
+    control = relative_difference(adapter(ref), adapter(outs["control"]))
+    took = time.monotonic() - start
+    print(f"\n{'packed' if packing else 'padded'}: max relative difference to micro 4 x accum 1: "
+          + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items())
+          + f"; control (global batch 2) {control:.1e}; {took:.0f} s")  # fmt: skip
+    assert diffs["micro 1 x accum 4"] < 1e-4
+    assert diffs["2 ranks x micro 2"] < 1e-3
+    assert control > 1e-2  # a different global batch trains a different adapter
