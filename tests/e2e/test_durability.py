@@ -265,3 +265,54 @@ def test_fsdp_job_runs_under_torchrun_and_cancels(cluster: Cluster, dataset_id: 
     assert "checkpoint_saved" in kinds[kinds.index("cancel_requested") :]
     log = (cluster.tmp / "data" / "jobs" / job_id / "train.log").read_text()
     assert "FSDP over 2 processes" in log and "stopped at step" in log
+
+
+def _wait_status(cluster: Cluster, job_id: str, status: str, timeout: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = cluster.job(job_id)
+        if job["status"] == status:
+            return job
+        time.sleep(0.2)
+    raise TimeoutError(f"job {job_id} is {cluster.job(job_id)['status']}, not {status}")
+
+
+def test_pause_checkpoints_and_resume_continues_to_the_same_adapter(
+    cluster: Cluster, dataset_id: str
+) -> None:
+    steps = 12
+    baseline = cluster.submit(dataset_id, max_steps=steps)
+    wait_finished(cluster.base, [baseline], timeout=600)
+
+    job_id = cluster.submit(dataset_id, max_steps=steps)
+    cluster.wait_step(job_id, 4)
+    pid = cluster.training_pid(job_id)
+    r = api.post(f"{cluster.base}/jobs/{job_id}/pause")
+    assert r.status_code == 202 and r.json()["status"] == "pausing", r.text
+    assert api.post(f"{cluster.base}/jobs/{job_id}/resume").json()["error"]["code"] == "job_not_paused"
+    paused = _wait_status(cluster, job_id, "paused")
+    assert paused["progress"]["step"] < steps and paused["attempt"] == 1
+    assert not _alive(pid), "the training process should be gone (its memory released)"
+    kinds = [e["kind"] for e in cluster.events(job_id)]
+    assert kinds[-1] == "paused" and "checkpoint_saved" in kinds[kinds.index("pause_requested") :]
+    saved = max(e["data"]["step"] for e in cluster.events(job_id) if e["kind"] == "checkpoint_saved")
+    time.sleep(3)  # a paused job stays put: no worker picks it up
+    assert cluster.job(job_id)["status"] == "paused"
+    r = api.post(f"{cluster.base}/jobs/{job_id}/pause")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "job_not_pausable"
+
+    r = api.post(f"{cluster.base}/jobs/{job_id}/resume")
+    assert r.status_code == 202 and r.json()["status"] == "queued", r.text
+    wait_finished(cluster.base, [job_id], timeout=600)
+    job = cluster.job(job_id)
+    assert job["status"] == "succeeded" and job["attempt"] == 2, job
+    events = cluster.events(job_id)
+    kinds = [e["kind"] for e in events]
+    assert kinds.index("pause_requested") < kinds.index("paused") < kinds.index("resumed")
+    resumed = [e for e in events if e["kind"] == "training_started"]
+    assert [e["data"]["resumed_from_step"] for e in resumed] == [0, saved]
+
+    a, b = _adapter(cluster, baseline), _adapter(cluster, job_id)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-5, rtol=0), k
