@@ -79,7 +79,8 @@ def plan_context(spec: JobSpec, arch: Architecture, gpu: Gpu, runtime: Runtime) 
     if half_model:
         store = cdt  # the framework casts the whole model to its half dtype and runs it without autocast
     sb = DTYPE_BYTES[store]
-    autocast = spec.mixed_precision != "no" and cdt != "float32" and not half_model
+    amp = autocast_dtype(spec.mixed_precision, cuda=not cpu, bf16_supported=gpu.bf16_supported)
+    autocast = amp is not None and cdt != "float32" and not half_model
     ce = DTYPE_BYTES[cdt]  # what autocast casts to
     e = ce if autocast else sb
     lora_b = 0
