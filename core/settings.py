@@ -53,10 +53,9 @@ class Settings(BaseSettings):
     reaper_interval_seconds: float = Field(default=20, gt=0)
     # A queued job whose message may be lost is re-sent after this long (only when the queue is empty).
     resend_after_seconds: float = Field(default=60, gt=0)
-    # Token statistics of a new job's dataset (`python -m training.token_stats`, in the API's background):
-    # killed after this long; at most this many wait per API process (more are failed as "busy").
+    # Token statistics of a new job's dataset (`python -m training.token_stats`, run by a CPU worker):
+    # killed after this long.
     token_stats_timeout_seconds: float = Field(default=600, gt=0)
-    token_stats_max_waiting: int = Field(default=64, ge=1)
     worker_name: str = ""
     worker_concurrency: int = 1
     # Declared devices of this worker (e.g. "A100-80GB,A100-80GB" or "24GB"); empty: detect.
