@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from core.settings import Settings
+from models import workers as workers_db
 from tests.api.conftest import jsonl, new_key
 from tests.e2e.stack import Proc, env_for
 
@@ -119,6 +120,8 @@ def test_stats_are_ready_soon_after_the_job_is_created(real_client: TestClient, 
     assert (
         f"{stats['steps_per_epoch']} steps per epoch; the run makes ~{stats['run_epochs']:.3g} epochs" in msg
     )
+    with real_client.app.state.services.sessions() as s:  # type: ignore[attr-defined]
+        assert workers_db.list_workers(s) == []  # a CPU worker is not in the fleet jobs are planned on
 
 
 def test_nothing_to_train_on_fails_clearly(real_client: TestClient) -> None:

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,21 @@ def _check_merged(base: str, job_id: str, tmp: Path) -> None:
     assert model.config.model_type == "llama"
 
 
+def _stats_ready_while_waiting(base: str, waiting: str, training: str, timeout: float = 120) -> None:
+    """`waiting`'s token statistics are computed while it waits behind `training` on the one training
+    worker: the CPU worker serves them, so they never queue behind a training job."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = api.get(f"{base}/jobs/{waiting}").json()
+        if job["token_stats"]["status"] != "pending":
+            other = api.get(f"{base}/jobs/{training}").json()
+            assert (job["status"], other["status"]) == ("queued", "running")
+            assert job["token_stats"]["status"] == "ready" and job["token_stats"]["source"] == "job_created"
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"token statistics of {waiting} still pending")
+
+
 def test_make_up_trains_qlora_and_lora_then_stops_cleanly(models_dir: Path, tmp_path: Path) -> None:
     port = free_port()
     env = env_for(tmp_path, models_dir, FTUNE_API_PORT=str(port))
@@ -131,6 +147,7 @@ def test_make_up_trains_qlora_and_lora_then_stops_cleanly(models_dir: Path, tmp_
         assert alpaca["format"] == "instruction" and chat["format"] == "chat"
         qlora = _submit(base, alpaca["id"], "qlora")
         lora = _submit(base, chat["id"], "lora")
+        _stats_ready_while_waiting(base, waiting=lora["id"], training=qlora["id"])
         seen = wait_finished(base, [qlora["id"], lora["id"]], timeout=900)
         for job in (qlora, lora):
             _check_trained(base, job["id"], seen[job["id"]], models_dir, tmp_path)
