@@ -164,10 +164,10 @@ def train(state: State) -> bool:
         lr = lr_at(spec, pos.step, state.total_steps)
         start = time.perf_counter()
         with state.tracker.step(memory.model_state_tensors(parts.model, parts.optimizer)):
+            step = steps[pos.step_in_epoch]
             result = train_step(
-                parts, state.items, state.pad_id, steps[pos.step_in_epoch], lr=lr,
-                dropout_key=(spec.seed, pos.epoch),
-            )  # fmt: skip
+                parts, state.items, state.pad_id, step, lr=lr, dropout_key=(spec.seed, pos.epoch)
+            )
         seconds = time.perf_counter() - start
         epoch_ended = advance(pos, result, seconds, len(steps))
         ran = True

@@ -1,8 +1,9 @@
 """FSDP2 for real: `torchrun --nproc_per_node 2` (the worker's own command) on CPU with gloo.
 
-18 examples, micro-batch 2: 9 micro-batches an epoch. A step takes 4 of them (accumulation 2 x 2
-GPUs, or accumulation 4 on one process), so an epoch is steps of 4, 4 and 1 micro-batches: in the
-last one rank 1 has nothing of its own and runs a padding batch weighted 0.
+18 examples of 40-64 tokens, a packed row of max_seq_len 64 each. A step's global batch is 8 rows
+(micro 2 x accumulation 2 x 2 GPUs, or accumulation 4 on one process), so an epoch is steps of 8, 8
+and 2 rows: 4, 4 and 1 micro-batches. In the short one rank 1 has nothing of its own and runs a
+padding batch weighted 0.
 """
 
 from __future__ import annotations
