@@ -4,7 +4,8 @@ A step's global batch (training.batches) is split into micro-batches; this rank 
 step's loss is the sum of the token losses of all its micro-batches divided by the number of target
 tokens in all of them (over all ranks), so accumulation gives the same gradient as one big batch,
 whatever the lengths, the micro-batch size or the number of ranks. Under FSDP (training.distributed)
-the ranks' gradients are summed, not averaged, for the same reason.
+the ranks' gradients are summed, not averaged, for the same reason. LoRA dropout masks belong to
+examples (training.dropout), so they do not depend on the split either.
 """
 
 from __future__ import annotations

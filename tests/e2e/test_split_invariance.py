@@ -1,0 +1,111 @@
+"""Through the real service (`ftune up`: API, embedded broker, a CPU worker): three jobs that split the
+same global batch differently (micro 4 x accumulation 1, micro 1 x accumulation 4, num_gpus 2 x micro
+2, which the CPU worker runs as two gloo processes under torchrun) train the same adapter, packed and
+padded, with LoRA dropout on. The adapters are downloaded and compared."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.e2e.stack import (
+    REPO,
+    Proc,
+    api,
+    download_adapter,
+    env_for,
+    free_port,
+    upload,
+    wait_finished,
+    wait_ready,
+)
+
+pytestmark = pytest.mark.slow
+
+SPEC = {
+    "base_model": "ftune-demo",
+    "max_steps": 6,
+    "max_seq_len": 64,
+    "learning_rate": 2e-3,
+    "lora_dropout": 0.1,
+    "checkpoint_every_steps": 0,
+}
+SPLITS = {
+    "micro 4 x accum 1": {"micro_batch_size": 4, "gradient_accumulation_steps": 1},
+    "micro 1 x accum 4": {"micro_batch_size": 1, "gradient_accumulation_steps": 4},
+    "2 ranks x micro 2": {"micro_batch_size": 2, "gradient_accumulation_steps": 1, "num_gpus": 2},
+}
+TOLERANCE = {"micro 1 x accum 4": 1e-4, "2 ranks x micro 2": 1e-3}
+
+
+def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest ||a - b|| / ||a|| (Frobenius) over the adapter's tensors. (Elementwise, a few LoRA B
+    values differ more: after a few steps B is small, and Adam turns a gradient of rounding-noise size
+    into an update of about lr whose sign that noise decides. `elementwise` shows it.)"""
+    assert a.keys() == b.keys() and a
+    return max(float((a[k] - b[k]).norm() / a[k].norm()) for k in a)
+
+
+def elementwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest max |a - b| / max |a| over the adapter's tensors."""
+    return max(float((a[k] - b[k]).abs().max() / a[k].abs().max()) for k in a)
+
+
+def test_jobs_that_split_the_same_global_batch_train_the_same_adapter(
+    models_dir: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    up = Proc(["up"], env_for(tmp_path, models_dir, FTUNE_API_PORT=str(port)), tmp_path / "up.log")
+    start = time.monotonic()
+    try:
+        wait_ready(base, [up], timeout=180)
+        dataset = upload(base, REPO / "examples" / "alpaca_small.jsonl")["id"]
+        jobs: dict[tuple[bool, str], str] = {}
+        for packing in (False, True):
+            for name, split in SPLITS.items():
+                spec: dict[str, Any] = {**SPEC, **split, "dataset_id": dataset, "packing": packing}
+                r = api.post(f"{base}/jobs", json=spec)
+                assert r.status_code == 202, r.text
+                jobs[packing, name] = r.json()["id"]
+        wait_finished(base, list(jobs.values()), timeout=900)
+        for key, job_id in jobs.items():
+            job = api.get(f"{base}/jobs/{job_id}").json()
+            assert job["status"] == "succeeded", (key, job)
+
+        for packing in (False, True):
+            adapters = {
+                name: load_file(
+                    download_adapter(base, jobs[packing, name], tmp_path) / "adapter_model.safetensors"
+                )
+                for name in SPLITS
+            }
+            losses = {
+                name: [
+                    s["loss"] for s in api.get(f"{base}/jobs/{jobs[packing, name]}/metrics").json()["data"]
+                ]
+                for name in SPLITS
+            }
+            ref = "micro 4 x accum 1"
+            assert len(losses[ref]) == SPEC["max_steps"]
+            diffs = {name: relative_difference(adapters[ref], adapters[name]) for name in TOLERANCE}
+            worst = {name: elementwise(adapters[ref], adapters[name]) for name in TOLERANCE}
+            print(
+                f"\n{'packed' if packing else 'padded'}, through the service: relative difference to {ref} "
+                "(elementwise): " + ", ".join(f"{k} {v:.1e} ({worst[k]:.1e})" for k, v in diffs.items())
+            )
+            for name, tolerance in TOLERANCE.items():
+                assert losses[name] == pytest.approx(losses[ref], rel=1e-4), name
+                assert diffs[name] < tolerance, name
+        print(f"6 jobs in {time.monotonic() - start:.0f} s")
+    except BaseException:
+        print(up.tail(200))
+        raise
+    finally:
+        up.stop(signal.SIGINT, timeout=120)
