@@ -39,7 +39,7 @@ def create_job(
         cancel_requested=False,
         step=0,
         predicted_peak_bytes=predicted_peak_bytes,
-        token_stats=PENDING,  # computed in the background (api.token_stats) or at training start
+        token_stats=PENDING,  # computed by a CPU worker (worker.token_stats) or at training start
     )
     session.add(job)
     session.flush()
@@ -82,8 +82,9 @@ def store_token_stats(session: Session, job_id: str, stats: dict[str, Any]) -> b
 
 
 def fill_token_stats(session: Session, job_id: str, stats: dict[str, Any]) -> bool:
-    """Store statistics from training's start record unless ready ones are there: covers an API
-    process that died (pending), a computation that failed, and jobs older than the column (NULL)."""
+    """Store statistics from training's start record unless ready ones are there: covers a computation
+    that never ran (no CPU worker, a lost message: pending), one that failed, and jobs older than the
+    column (NULL)."""
     return _set_token_stats(session, job_id, stats, _token_stats_status() != "ready")
 
 

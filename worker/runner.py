@@ -185,7 +185,7 @@ class JobRunner:
             return jobs_db.heartbeat(s, job_id=job_id, attempt=attempt, lease_seconds=lease, **progress)
 
     def _fill_token_stats(self, s: Session, job_id: str, rec: StartRecord) -> None:
-        """If the API process did not store them (it died, timed out or failed), training's count will do."""
+        """If the CPU worker did not store them (none ran, timed out or failed), training's count will do."""
         job = jobs_db.get_job(s, job_id)
         stats = token_stats_from_start(rec, job.spec) if job is not None else None
         if stats is not None:

@@ -1,4 +1,4 @@
-"""Training's "start" record fills a job's token statistics the API did not store (its process died,
+"""Training's "start" record fills a job's token statistics the CPU worker did not store (none ran, it
 timed out or failed), and never replaces ready ones. The training command is a stand-in script."""
 
 from __future__ import annotations
