@@ -288,7 +288,9 @@ class JobRunner:
                 return None
             if to == JobStatus.QUEUED:
                 jobs_db.mark_enqueued(s, job_id=job_id)
-        log.info("job %s: %s (%s)", job_id, to, message)
+        log.info(
+            "job %s: %s (%s)", job_id, to, paused_message if to != status and paused_message else message
+        )
         return to
 
     def _requeued(self, job_id: str, to: JobStatus | None, outcome: str) -> str:

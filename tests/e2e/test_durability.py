@@ -280,12 +280,12 @@ def _wait_status(cluster: Cluster, job_id: str, status: str, timeout: float = 12
 def test_pause_checkpoints_and_resume_continues_to_the_same_adapter(
     cluster: Cluster, dataset_id: str
 ) -> None:
-    steps = 12
+    steps = 60  # a step of the demo model takes ~65 ms here: room for the pause to land mid-run
     baseline = cluster.submit(dataset_id, max_steps=steps)
     wait_finished(cluster.base, [baseline], timeout=600)
 
     job_id = cluster.submit(dataset_id, max_steps=steps)
-    cluster.wait_step(job_id, 4)
+    cluster.wait_step(job_id, 3)
     pid = cluster.training_pid(job_id)
     r = api.post(f"{cluster.base}/jobs/{job_id}/pause")
     assert r.status_code == 202 and r.json()["status"] == "pausing", r.text
