@@ -23,6 +23,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core.process import stop_with_worker
 from core.run_protocol import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, RunConfig
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     config = RunConfig.model_validate_json(Path(argv[0]).read_text())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop_with_worker()  # a worker that dies stops its training as a cancel would: checkpoint, exit 3
     return run(config, stop)
 
 

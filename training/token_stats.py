@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
-import signal
 import sys
 import traceback
 from pathlib import Path
@@ -27,7 +25,6 @@ from typing import Any
 
 EXIT_OK, EXIT_FAILED = 0, 1
 NICENESS = 10  # below the API's requests
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class StatsError(Exception):
@@ -97,17 +94,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def detach_from_requests() -> None:
-    """Tokenizing is batch work beside an API: lower this process's priority, and (Linux) have it
-    SIGTERMed if the API process that started it dies."""
+    """Tokenizing is batch work beside training: lower this process's priority, and stop it when the
+    worker that started it ends (core.process)."""
+    from core.process import stop_with_worker
+
     with contextlib.suppress(OSError):
         os.nice(NICENESS)
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        sys.exit(EXIT_FAILED)
+    stop_with_worker()
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
