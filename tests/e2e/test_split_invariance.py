@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from tests.e2e.stack import (
@@ -25,6 +24,7 @@ from tests.e2e.stack import (
     wait_finished,
     wait_ready,
 )
+from tests.training.util import elementwise, relative_difference
 
 pytestmark = pytest.mark.slow
 
@@ -42,19 +42,6 @@ SPLITS = {
     "2 ranks x micro 2": {"micro_batch_size": 2, "gradient_accumulation_steps": 1, "num_gpus": 2},
 }
 TOLERANCE = {"micro 1 x accum 4": 1e-4, "2 ranks x micro 2": 1e-3}
-
-
-def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """The largest ||a - b|| / ||a|| (Frobenius) over the adapter's tensors. (Elementwise, a few LoRA B
-    values differ more: after a few steps B is small, and Adam turns a gradient of rounding-noise size
-    into an update of about lr whose sign that noise decides. `elementwise` shows it.)"""
-    assert a.keys() == b.keys() and a
-    return max(float((a[k] - b[k]).norm() / a[k].norm()) for k in a)
-
-
-def elementwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """The largest max |a - b| / max |a| over the adapter's tensors."""
-    return max(float((a[k] - b[k]).abs().max() / a[k].abs().max()) for k in a)
 
 
 def test_jobs_that_split_the_same_global_batch_train_the_same_adapter(

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from core.run_protocol import EXIT_OK
 from core.storage import ADAPTER_DIR, METRICS_FILE
-from tests.training.util import qa_rows, read_metrics
+from tests.training.util import elementwise, qa_rows, read_metrics, relative_difference
 from training.run import run
 from worker.runner import training_command
 
@@ -38,19 +38,6 @@ SPEC = {"epochs": 2, "lora_dropout": 0.1, "lr_scheduler": "cosine", "warmup_step
 
 def adapter(out: Path) -> dict[str, torch.Tensor]:
     return load_file(out / ADAPTER_DIR / "adapter_model.safetensors")
-
-
-def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """The largest ||a - b|| / ||a|| (Frobenius) over the adapter's tensors. (Elementwise, a few LoRA B
-    values differ more: after a few steps B is small, and Adam turns a gradient of rounding-noise size
-    into an update of about lr whose sign that noise decides. `elementwise` shows it.)"""
-    assert a.keys() == b.keys() and a
-    return max(float((a[k] - b[k]).norm() / a[k].norm()) for k in a)
-
-
-def elementwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """The largest max |a - b| / max |a| over the adapter's tensors."""
-    return max(float((a[k] - b[k]).abs().max() / a[k].abs().max()) for k in a)
 
 
 def losses(out: Path) -> dict[int, float]:

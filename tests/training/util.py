@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -39,3 +41,16 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     from core.run_protocol import read_records
 
     return [r.model_dump() for r in read_records(path)]
+
+
+def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest ||a - b|| / ||a|| (Frobenius) over the adapter's tensors. (Elementwise, a few LoRA B
+    values differ more: after a few steps B is small, and Adam turns a gradient of rounding-noise size
+    into an update of about lr whose sign that noise decides. `elementwise` shows it.)"""
+    assert a.keys() == b.keys() and a
+    return max(float((a[k] - b[k]).norm() / a[k].norm()) for k in a)
+
+
+def elementwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest max |a - b| / max |a| over the adapter's tensors."""
+    return max(float((a[k] - b[k]).abs().max() / a[k].abs().max()) for k in a)
