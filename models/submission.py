@@ -9,6 +9,8 @@ commit, the job's token statistics are asked for and a worker is woken. Both pub
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -23,6 +25,14 @@ from models.admission import admit
 from models.db import session_scope
 from models.tables import Job
 
+
+@dataclass(frozen=True)
+class OpenAIFields:
+    suffix: str | None
+    metadata: dict[str, str] | None
+    request: dict[str, Any]  # hyperparameters and method as resolved, file ids
+
+
 Publish = Callable[[str], bool]  # a job id -> sent to the broker (False: unreachable, the DB has it)
 
 
@@ -36,9 +46,11 @@ def submit_job(
     tenant_id: str,
     enqueue: Publish,
     request_token_stats: Publish,
+    openai: OpenAIFields | None = None,
 ) -> Job:
     """Admit and store the job, then publish; returns the job as accepted (queued). Raises core.errors
-    (RateLimited, InvalidInput, Unsupported, ...) for a job that is refused; then nothing is stored."""
+    (RateLimited, InvalidInput, Unsupported, ...) for a job that is refused; then nothing is stored.
+    `openai`: what a /v1 job carries beyond its spec (suffix, metadata, resolved hyperparameters)."""
     job_id = new_id()
     with session_scope(sessions) as s:
         limit = settings.max_active_jobs_per_tenant
@@ -50,7 +62,10 @@ def submit_job(
             )
         plan = admit(s, catalog=catalog, spec=spec, tenant_id=tenant_id, plan_gpu=settings.plan_gpu)
         predicted = plan.allocated_bytes if plan else None
-        jobs_db.create_job(s, tenant_id, job_id, spec, predicted, settings.max_attempts)
+        created = jobs_db.create_job(s, tenant_id, job_id, spec, predicted, settings.max_attempts)
+        if openai is not None:
+            created.suffix, created.user_metadata = openai.suffix, openai.metadata
+            created.openai = openai.request
         if plan is not None:  # the itemised prediction, shown beside the measured peak on the job page
             atomic_write_text(storage.plan_path(job_id), plan.model_dump_json())
         jobs_db.mark_enqueued(s, job_id=job_id)

@@ -110,6 +110,12 @@ class Job(Base):
     predicted_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
     # core.data.token_stats.TokenStats as JSON: {"status": "pending" | "ready" | "failed", ...}.
     token_stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Set for jobs made through /v1/fine_tuning/jobs: OpenAI's suffix and metadata pairs, and the request's
+    # hyperparameters and method as resolved (api/openai/hyperparameters.py). Attribute names differ from
+    # the columns' because `metadata` is taken on a declarative class.
+    suffix: Mapped[str | None] = mapped_column(String(64))
+    user_metadata: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
+    openai: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     events: Mapped[list[JobEvent]] = relationship(back_populates="job", order_by="JobEvent.id")
     artifacts: Mapped[list[Artifact]] = relationship(back_populates="job", order_by="Artifact.id")

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from api.openai import files
+from api.openai import files, jobs
 from api.openai.errors import OpenAIRoute
 from core.errors import NotFound
 
 router = APIRouter(prefix="/v1", route_class=OpenAIRoute)
 router.include_router(files.router)
+router.include_router(jobs.router)
 
 
 # Last: only what no /v1 route matched, whatever the method.

@@ -73,9 +73,13 @@ def error_response(
     code: str | None,
     param: str | None = None,
     headers: Mapping[str, str] | None = None,
+    details: Any = None,
 ) -> JSONResponse:
     detail = OpenAIErrorDetail(message=message, type=error_type(status), param=param, code=code)
-    return JSONResponse({"error": detail.model_dump()}, status, headers=headers)
+    body: dict[str, Any] = detail.model_dump()
+    if details is not None:  # beyond OpenAI's four: an infeasible job's plan, as e.body["details"]
+        body["details"] = details
+    return JSONResponse({"error": body}, status, headers=headers)
 
 
 def status_of(exc: errors.FtuneError) -> int:
@@ -93,7 +97,8 @@ def _domain(exc: errors.FtuneError) -> JSONResponse:
         headers["Retry-After"] = str(exc.retry_after)
     if isinstance(exc, errors.Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
-    return error_response(status_of(exc), exc.message, exc.code, exc.param, headers)
+    details = exc.details if isinstance(exc, errors.Infeasible) else None
+    return error_response(status_of(exc), exc.message, exc.code, exc.param, headers, details)
 
 
 def _param(loc: tuple[Any, ...]) -> str | None:

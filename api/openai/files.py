@@ -12,22 +12,26 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import PrincipalDep
 from api.deps import Services, ServicesDep, SessionDep
+from api.openai.checkpoints import result_csv
 from api.openai.errors import AUTHED, OpenAIRoute, documented
-from api.openai.schemas import PURPOSE, FileDeleted, FileList, FileObject, file_object
+from api.openai.job_objects import result_file_id, result_file_job
+from api.openai.schemas import PURPOSE, RESULTS_PURPOSE, FileDeleted, FileList, FileObject, file_object
 from api.routes.datasets import _room as upload_room
 from api.upload import FileSink, receive
 from core.data.validate import DatasetValidator
 from core.errors import InvalidInput, NotFound
-from core.storage import new_id
+from core.states import JobStatus
+from core.storage import Storage, new_id
 from models import datasets as datasets_db
+from models import jobs as jobs_db
 from models.db import session_scope
-from models.tables import Dataset
+from models.tables import Dataset, Job
 from models.tenants import Principal
 
 router = APIRouter(
@@ -142,8 +146,38 @@ def _get(session: Session, file_id: str, principal: Principal) -> Dataset:
     return ds
 
 
+def _result_job(session: Session, file_id: str, principal: Principal) -> Job | None:
+    """The tenant's succeeded job whose result file `file_id` names; None if it names no result file."""
+    job_id = result_file_job(file_id)
+    if job_id is None:
+        return None
+    job = jobs_db.get_job(session, job_id, principal.tenant_id)
+    if job is None or job.status != JobStatus.SUCCEEDED:
+        raise NotFound(f"no such file: {file_id!r}", code="file_not_found", param="file_id")
+    return job
+
+
+def _result_object(job: Job, storage: Storage) -> FileObject:
+    size = len(result_csv(job, storage))
+    finished = job.finished_at or job.updated_at
+    return FileObject(
+        id=result_file_id(job.id),
+        bytes=size,
+        created_at=int(finished.timestamp()),
+        filename="step_metrics.csv",
+        purpose=RESULTS_PURPOSE,
+        status="processed",
+        status_details=None,
+    )
+
+
 @router.get("/{file_id}", response_model=FileObject, responses=documented(404))
-def retrieve_file(file_id: str, session: SessionDep, principal: PrincipalDep) -> FileObject:
+def retrieve_file(
+    file_id: str, services: ServicesDep, session: SessionDep, principal: PrincipalDep
+) -> FileObject:
+    """A training file, or a job's result file (purpose fine-tune-results, made from its metrics)."""
+    if (job := _result_job(session, file_id, principal)) is not None:
+        return _result_object(job, services.storage)
     return file_object(_get(session, file_id, principal))
 
 
@@ -157,8 +191,10 @@ def retrieve_file(file_id: str, session: SessionDep, principal: PrincipalDep) ->
 )
 def file_content(
     file_id: str, services: ServicesDep, session: SessionDep, principal: PrincipalDep
-) -> FileResponse:
-    """`client.files.content(id)`: the bytes as uploaded."""
+) -> Response:
+    """`client.files.content(id)`: the bytes as uploaded, or a job's result CSV."""
+    if (job := _result_job(session, file_id, principal)) is not None:
+        return Response(result_csv(job, services.storage), media_type="text/csv")
     ds = _get(session, file_id, principal)
     return FileResponse(services.storage.dataset_path(ds.id), media_type="application/octet-stream")
 

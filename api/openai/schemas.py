@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from models.tables import Dataset
 
 PURPOSE: Literal["fine-tune"] = "fine-tune"
+RESULTS_PURPOSE: Literal["fine-tune-results"] = "fine-tune-results"
 FileStatus = Literal["uploaded", "processed", "error"]
 
 
@@ -18,7 +19,7 @@ class FileObject(BaseModel):
     bytes: int
     created_at: int  # unix seconds
     filename: str
-    purpose: Literal["fine-tune"] = PURPOSE
+    purpose: Literal["fine-tune", "fine-tune-results"] = PURPOSE
     # ftune validates while the upload streams in, so a file is never seen "uploaded".
     status: FileStatus
     status_details: str | None

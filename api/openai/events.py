@@ -1,0 +1,104 @@
+"""OpenAI's job events: ftune's job events (type `message`) and one `metrics` event per logged step, read
+from the run's metrics records as they stand after every resume. Newest first, as on OpenAI."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from core.run_protocol import EvalRecord, StepRecord, read_records
+from core.storage import Storage
+from models.tables import Job, JobEvent
+
+Level = Literal["info", "warn", "error"]
+WARN_KINDS = ("retry", "lost", "expired", "requeued", "cancel_requested")
+
+
+class FineTuningJobEvent(BaseModel):
+    id: str
+    object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
+    created_at: int
+    level: Level
+    message: str
+    type: Literal["message", "metrics"]
+    data: dict[str, Any] | None = None
+
+
+class EventList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[FineTuningJobEvent]
+    has_more: bool
+
+
+def _level(ev: JobEvent) -> Level:
+    if "fail" in ev.kind or "error" in ev.kind:
+        return "error"
+    return "warn" if any(w in ev.kind for w in WARN_KINDS) else "info"
+
+
+def _message_event(ev: JobEvent) -> tuple[float, FineTuningJobEvent]:
+    at = ev.created_at.timestamp()
+    out = FineTuningJobEvent(
+        id=f"ftevent-{ev.id}",
+        created_at=int(at),
+        level=_level(ev),
+        message=ev.message,
+        type="message",
+        data=ev.data,
+    )
+    return at, out
+
+
+def metrics_events(job: Job, storage: Storage) -> list[tuple[float, FineTuningJobEvent]]:
+    """One event per logged step: step, train_loss, train_mean_token_accuracy (ftune does not measure it on
+    training batches: null), and valid_loss / valid_mean_token_accuracy at steps that were evaluated."""
+    records = read_records(storage.metrics_path(job.id))
+    evals = {r.step: r for r in records if isinstance(r, EvalRecord)}
+    started = [e.created_at for e in job.events if e.kind == "training_started"]
+    origin: datetime = started[0] if started else job.created_at
+    out = []
+    for r in records:
+        if not isinstance(r, StepRecord):
+            continue
+        at = (origin + timedelta(seconds=r.elapsed_s)).timestamp()
+        data: dict[str, Any] = {
+            "step": r.step,
+            "total_steps": r.total_steps,
+            "train_loss": r.loss,
+            "train_mean_token_accuracy": None,
+        }
+        if (ev := evals.get(r.step)) is not None:
+            data |= {"valid_loss": ev.eval_loss, "valid_mean_token_accuracy": ev.eval_token_accuracy}
+        loss = "n/a" if r.loss is None else f"{r.loss:.4f}"
+        message = f"Step {r.step}/{r.total_steps}: training loss={loss}"
+        event = FineTuningJobEvent(
+            id=f"ftevent-{job.id[:8]}-step-{r.step}",
+            created_at=int(at),
+            level="info",
+            message=message,
+            type="metrics",
+            data=data,
+        )
+        out.append((at, event))
+    return out
+
+
+def job_events(job: Job, storage: Storage) -> list[FineTuningJobEvent]:
+    """Every event of the job, newest first (ties: the later-made one first)."""
+    timed = [_message_event(e) for e in job.events] + metrics_events(job, storage)
+    ordered = sorted(enumerate(timed), key=lambda p: (p[1][0], p[0]), reverse=True)
+    return [event for _, (_, event) in ordered]
+
+
+def page(
+    events: list[FineTuningJobEvent], after: str | None, limit: int
+) -> tuple[list[FineTuningJobEvent], bool]:
+    """The events past the one with id `after` (older ones), at most `limit`; whether more follow."""
+    start = 0
+    if after is not None:
+        ids = [e.id for e in events]
+        start = ids.index(after) + 1 if after in ids else len(events)
+    rows = events[start : start + limit]
+    return rows, start + limit < len(events)

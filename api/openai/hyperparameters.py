@@ -1,0 +1,233 @@
+"""OpenAI's create-job request, mapped onto ftune's JobSpec (translation only; admission is models').
+
+What `"auto"` picks, and what each number means:
+- `n_epochs`: JobSpec `epochs`; auto = JobSpec's default (1).
+- `learning_rate_multiplier`: multiplies ftune's default learning rate (JobSpec `learning_rate`, 2e-4);
+  auto = 1.
+- `batch_size`: the effective batch (examples, or packed rows, per optimizer step, over all GPUs); auto =
+  JobSpec's default effective batch (micro_batch_size 4 x gradient_accumulation_steps 1 per GPU). It is
+  split into the planner's largest micro-batch that fits (a divisor of the batch per GPU), accumulated to
+  the effective batch (see models/auto_batch.py).
+ftune's own settings ride along as extra body fields under their JobSpec names; what JobSpec calls
+`method` is `adapter` here. A setting given twice (`n_epochs` and `epochs`) is refused, naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from core.errors import InvalidInput, Unsupported
+from core.spec import JobSpec
+
+Auto = Literal["auto"]
+DEFAULT_LR: float = JobSpec.model_fields["learning_rate"].default
+DEFAULT_EPOCHS: int = JobSpec.model_fields["epochs"].default
+DEFAULT_MICRO: int = JobSpec.model_fields["micro_batch_size"].default
+DEFAULT_ACCUM: int = JobSpec.model_fields["gradient_accumulation_steps"].default
+
+# JobSpec fields an OpenAI field already sets: as an extra field it is the same setting given twice.
+SET_BY_OPENAI = {
+    "base_model": "model",
+    "dataset_id": "training_file",
+    "validation_dataset_id": "validation_file",
+    "method": "adapter",  # JobSpec's method (lora|qlora) is `adapter` here; `method` is OpenAI's
+}
+# JobSpec fields a hyperparameter sets.
+SET_BY_HYPERPARAMETER = {
+    "epochs": "n_epochs",
+    "learning_rate": "learning_rate_multiplier",
+    "micro_batch_size": "batch_size",
+    "gradient_accumulation_steps": "batch_size",
+}
+# OpenAI's names on errors that admission reports under JobSpec's.
+OPENAI_PARAM = SET_BY_OPENAI
+
+
+class Hyperparameters(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    n_epochs: int | Auto = Field(default="auto", ge=1, le=100)
+    batch_size: int | Auto = Field(default="auto", ge=1, le=512 * 1024)
+    learning_rate_multiplier: float | Auto = Field(default="auto", gt=0, le=0.1 / DEFAULT_LR)  # lr <= 0.1
+
+
+class DpoHyperparameters(Hyperparameters):
+    beta: float | Auto = Field(default="auto", gt=0, le=100)
+
+
+class Supervised(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hyperparameters: Hyperparameters = Hyperparameters()
+
+
+class Dpo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hyperparameters: DpoHyperparameters = DpoHyperparameters()
+
+
+class Method(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["supervised", "dpo", "reinforcement"]
+    supervised: Supervised | None = None
+    dpo: Dpo | None = None
+    reinforcement: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _matching_type(self) -> Method:
+        other = {"supervised", "dpo", "reinforcement"} - {self.type}
+        given = [name for name in sorted(other) if getattr(self, name) is not None]
+        if given:
+            raise ValueError(f"method.{given[0]} is set but method.type is {self.type!r}")
+        return self
+
+
+class CreateJobRequest(BaseModel):
+    """The body of `client.fine_tuning.jobs.create(...)`; extra fields are ftune's JobSpec settings."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    model: str = Field(max_length=300)
+    training_file: str = Field(max_length=200)
+    validation_file: str | None = Field(None, max_length=200)
+    suffix: str | None = Field(None, min_length=1, max_length=64)
+    seed: int | None = Field(None, ge=0, le=2**32 - 1)
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    method: Method | None = None
+    hyperparameters: Hyperparameters | None = Field(None, description="Deprecated: use method.")
+    integrations: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _metadata_sizes(self) -> CreateJobRequest:
+        for key, value in (self.metadata or {}).items():
+            if len(key) > 64 or len(value) > 512:
+                raise ValueError("metadata keys are at most 64 characters and values at most 512")
+        return self
+
+
+@dataclass(frozen=True)
+class Mapped:
+    """The JobSpec fields of a request (batch split still to choose) and the hyperparameters it asked for."""
+
+    fields: dict[str, Any]
+    batch_size: int | Auto | None  # None: set by micro_batch_size / gradient_accumulation_steps fields
+    method_type: Literal["supervised", "dpo"]
+
+
+def _hyperparameters(req: CreateJobRequest) -> tuple[Hyperparameters, Literal["supervised", "dpo"]]:
+    if req.method is not None and req.hyperparameters is not None:
+        raise InvalidInput(
+            "hyperparameters given twice: set them in method only (the top-level field is deprecated)",
+            code="duplicate_parameter",
+            param="hyperparameters",
+        )
+    if req.method is None:
+        return req.hyperparameters or Hyperparameters(), "supervised"
+    if req.method.type == "reinforcement":
+        raise Unsupported(
+            "method.type 'reinforcement' is not supported by ftune: it trains supervised LoRA/QLoRA adapters",
+            param="method.type",
+        )
+    if req.method.type == "dpo":
+        return (req.method.dpo or Dpo()).hyperparameters, "dpo"
+    return (req.method.supervised or Supervised()).hyperparameters, "supervised"
+
+
+def _dpo_fields(hp: Hyperparameters) -> dict[str, Any]:
+    """JobSpec's DPO fields, when ftune has them; else a clear refusal."""
+    if "objective" not in JobSpec.model_fields:
+        raise Unsupported(
+            "method.type 'dpo' is not supported by this ftune version yet; use 'supervised'",
+            param="method.type",
+        )
+    fields: dict[str, Any] = {"objective": "dpo"}
+    beta = getattr(hp, "beta", "auto")
+    if beta != "auto":
+        fields["beta"] = beta
+    return fields
+
+
+def map_request(req: CreateJobRequest, base_model: str, init_from: str | None) -> Mapped:
+    """JobSpec fields for the request (`base_model` and `init_from` as resolved from `model`)."""
+    for integration in req.integrations or []:
+        if integration.get("type") not in (None, "none"):
+            raise Unsupported(
+                f"integration {integration.get('type')!r} is not supported by ftune; leave it unset",
+                param="integrations",
+            )
+    hp, method_type = _hyperparameters(req)
+    extra = dict(req.model_extra or {})
+    for name, openai_name in SET_BY_OPENAI.items():
+        if name in extra and name != "method":
+            raise InvalidInput(
+                f"{name} given twice: as {name!r} and as {openai_name!r}; send {openai_name!r} only",
+                code="duplicate_parameter",
+                param=name,
+            )
+    given = hp.model_fields_set
+    for name, hp_name in SET_BY_HYPERPARAMETER.items():
+        if name in extra and hp_name in given:
+            raise InvalidInput(
+                f"{name} given twice: as {name!r} and as hyperparameter {hp_name!r}; send one of them",
+                code="duplicate_parameter",
+                param=name,
+            )
+    if "seed" in extra:
+        raise InvalidInput("seed given twice", code="duplicate_parameter", param="seed")
+    fields: dict[str, Any] = {k: v for k, v in extra.items() if k != "adapter"}
+    if "adapter" in extra:
+        fields["method"] = extra["adapter"]
+    fields |= {"base_model": base_model, "dataset_id": req.training_file}
+    if req.validation_file is not None:
+        fields["validation_dataset_id"] = req.validation_file
+    if init_from is not None:
+        fields["init_from"] = init_from
+    if req.seed is not None:
+        fields["seed"] = req.seed
+    if hp.n_epochs != "auto":
+        fields["epochs"] = hp.n_epochs
+    if hp.learning_rate_multiplier != "auto":
+        fields["learning_rate"] = hp.learning_rate_multiplier * DEFAULT_LR
+    if method_type == "dpo":
+        fields |= _dpo_fields(hp)
+    split_given = "micro_batch_size" in extra or "gradient_accumulation_steps" in extra
+    return Mapped(fields, None if split_given else hp.batch_size, method_type)
+
+
+def build_spec(fields: dict[str, Any]) -> JobSpec:
+    """The JobSpec, or a 400 naming the first bad field by the name the caller used."""
+    try:
+        return JobSpec.model_validate(fields)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = [str(p) for p in first["loc"]]
+        name = loc[0] if loc else None
+        param = OPENAI_PARAM.get(name, name) if name else None
+        problem = "is not a setting ftune knows" if first["type"] == "extra_forbidden" else first["msg"]
+        more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+        raise InvalidInput(f"{param}: {problem}{more}", code="invalid_parameter", param=param) from e
+
+
+def per_gpu_batch(batch_size: int | Auto, num_gpus: int) -> int:
+    """The examples per optimizer step on one GPU for an effective batch (auto: JobSpec's default)."""
+    if batch_size == "auto":
+        return DEFAULT_MICRO * DEFAULT_ACCUM
+    if batch_size % num_gpus:
+        raise InvalidInput(
+            f"batch_size {batch_size} does not split evenly over num_gpus {num_gpus}",
+            code="invalid_parameter",
+            param="batch_size",
+        )
+    return batch_size // num_gpus
+
+
+def resolved(spec: JobSpec, method_type: str) -> dict[str, Any]:
+    """The job object's `hyperparameters` and `method` for a spec: numbers, no "auto" left."""
+    hp: dict[str, Any] = {
+        "n_epochs": spec.epochs,
+        "batch_size": spec.effective_batch_size,
+        "learning_rate_multiplier": spec.learning_rate / DEFAULT_LR,
+    }
+    if method_type == "dpo":
+        hp["beta"] = getattr(spec, "beta", None)
+    return {"hyperparameters": hp, "method": {"type": method_type, method_type: {"hyperparameters": hp}}}

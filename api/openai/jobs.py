@@ -1,0 +1,254 @@
+"""/v1/fine_tuning/jobs: OpenAI's fine-tuning jobs over ftune's jobs (same rows, services and ids).
+
+A create goes through models.submission.submit_job, exactly like POST /jobs: quota, admission (an
+infeasible job is a 400 whose `details` has the planner's breakdown and suggestions), plan, enqueue after
+commit. Cancel, pause and resume are the native transitions. Everything is scoped to the key's own tenant.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
+
+from api.auth import PrincipalDep
+from api.deps import Services, ServicesDep, SessionDep
+from api.idempotency import IdempotencyKeyHeader, body_hash, run_once
+from api.openai import events as events_view
+from api.openai.checkpoints import CheckpointList, checkpoint_objects
+from api.openai.errors import AUTHED, OpenAIRoute, documented
+from api.openai.hyperparameters import (
+    OPENAI_PARAM,
+    CreateJobRequest,
+    build_spec,
+    map_request,
+    per_gpu_batch,
+    resolved,
+)
+from api.openai.job_objects import FineTuningJob, FineTuningJobList, job_object
+from core import ft_names
+from core.errors import Conflict, FtuneError, InvalidInput, NotFound, Unsupported
+from core.spec import JobSpec
+from core.states import JobStatus
+from models import jobs as jobs_db
+from models import openai_jobs
+from models.auto_batch import split_batch
+from models.db import session_scope
+from models.submission import OpenAIFields, submit_job
+from models.tables import Job
+from models.tenants import Principal
+
+router = APIRouter(
+    prefix="/fine_tuning/jobs",
+    tags=["openai: fine-tuning"],
+    route_class=OpenAIRoute,
+    responses=documented(*AUTHED),
+)
+
+
+def _get(session: Session, job_id: str, principal: Principal) -> Job:
+    """The tenant's own job (admin keys included); another tenant's job is 404, like a missing one."""
+    job = jobs_db.get_job(session, job_id, principal.tenant_id)
+    if job is None:
+        raise NotFound(
+            f"no such fine-tuning job: {job_id!r}", code="job_not_found", param="fine_tuning_job_id"
+        )
+    return job
+
+
+@router.post("", response_model=FineTuningJob)
+def create_job(
+    body: CreateJobRequest,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> JSONResponse:
+    """`client.fine_tuning.jobs.create(model=..., training_file=..., ...)`; a retry with the same
+    Idempotency-Key and body gets the first answer (header Idempotent-Replayed: true), not a second job."""
+    scope_key = f"{principal.tenant_id} POST /v1/fine_tuning/jobs"
+    request_hash = body_hash(body.model_dump(mode="json"))
+    return run_once(
+        services, scope_key, idempotency_key, request_hash, lambda: _create(body, services, principal)
+    )
+
+
+def _create(body: CreateJobRequest, services: Services, principal: Principal) -> JSONResponse:
+    try:
+        with services.sessions() as s:
+            base_model, init_from = _resolve_model(s, body.model, principal)
+        mapped = map_request(body, base_model, init_from)
+        spec = build_spec(mapped.fields)
+        if mapped.batch_size is not None:
+            per_gpu = per_gpu_batch(mapped.batch_size, spec.num_gpus)
+            with services.sessions() as s:
+                spec = split_batch(
+                    s,
+                    catalog=services.catalog,
+                    spec=spec,
+                    per_gpu=per_gpu,
+                    tenant_id=principal.tenant_id,
+                    plan_gpu=services.settings.plan_gpu,
+                )
+        request: dict[str, Any] = {"model": body.model, **resolved(spec, mapped.method_type)}
+        job = submit_job(
+            services.sessions,
+            settings=services.settings,
+            catalog=services.catalog,
+            storage=services.storage,
+            spec=spec,
+            tenant_id=principal.tenant_id,
+            enqueue=services.enqueue,
+            request_token_stats=services.request_token_stats,
+            openai=OpenAIFields(suffix=body.suffix, metadata=body.metadata, request=request),
+        )
+    except FtuneError as e:  # admission names JobSpec's fields; the caller sent OpenAI's
+        e.param = OPENAI_PARAM.get(e.param or "", e.param)
+        raise
+    return JSONResponse(job_object(job, services.storage).model_dump(mode="json"))
+
+
+def _resolve_model(session: Session, model: str, principal: Principal) -> tuple[str, str | None]:
+    """(base model, job to continue from): a base model name, or a fine-tuned model of the caller's own."""
+    if not ft_names.is_fine_tuned(model):
+        return model, None
+    name = ft_names.parse(model)
+    source = jobs_db.get_job(session, name.job_id, principal.tenant_id) if name is not None else None
+    if name is None or source is None or source.status != JobStatus.SUCCEEDED:
+        raise InvalidInput(
+            f"model {model!r} is not a fine-tuned model of this organization that finished successfully",
+            code="model_not_found",
+            param="model",
+        )
+    if name.step is not None:
+        raise Unsupported(
+            "continuing from a checkpoint's model is not supported yet; use the job's fine_tuned_model",
+            param="model",
+        )
+    if "init_from" not in JobSpec.model_fields:
+        raise Unsupported(
+            "continuing training from a fine-tuned model is not supported by this ftune version yet",
+            param="model",
+        )
+    return source.base_model, source.id
+
+
+def _metadata_filter(request: Request) -> dict[str, str]:
+    """`metadata[k]=v` query parameters (the SDK's `extra_query={"metadata[k]": "v"}`)."""
+    out = {}
+    for key, value in request.query_params.multi_items():
+        if key.startswith("metadata[") and key.endswith("]"):
+            out[key[len("metadata[") : -1]] = value
+    return out
+
+
+@router.get("", response_model=FineTuningJobList)
+def list_jobs(
+    request: Request,
+    services: ServicesDep,
+    session: SessionDep,
+    principal: PrincipalDep,
+    after: Annotated[str | None, Query(max_length=200, description="a job id: list past it")] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> FineTuningJobList:
+    """Newest first; `client.fine_tuning.jobs.list()` walks every page with `after`."""
+    rows, more = openai_jobs.list_page(
+        session, principal.tenant_id, limit=limit, after_id=after, metadata=_metadata_filter(request)
+    )
+    return FineTuningJobList(data=[job_object(j, services.storage) for j in rows], has_more=more)
+
+
+@router.get("/{job_id}", response_model=FineTuningJob, responses=documented(404))
+def retrieve_job(
+    job_id: str, services: ServicesDep, session: SessionDep, principal: PrincipalDep
+) -> FineTuningJob:
+    return job_object(_get(session, job_id, principal), services.storage)
+
+
+@router.post("/{job_id}/cancel", response_model=FineTuningJob, responses=documented(404))
+def cancel_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> FineTuningJob:
+    """A queued or paused job is cancelled at once; a running one after its current step. A finished job
+    is a 400 (a retry cannot change it)."""
+    with session_scope(services.sessions) as s:
+        outcome = jobs_db.request_cancel(s, job_id=_get(s, job_id, principal).id)
+    with services.sessions() as s:
+        job = _get(s, job_id, principal)
+        if outcome == "finished":
+            raise Conflict(
+                f"job {job_id} already {job.status}", code="job_finished", param="fine_tuning_job_id"
+            )
+        return job_object(job, services.storage)
+
+
+@router.post("/{job_id}/pause", response_model=FineTuningJob, responses=documented(404))
+def pause_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> FineTuningJob:
+    """A queued job pauses at once; a running one checkpoints after its current step and then shows paused
+    (until then: running)."""
+    with session_scope(services.sessions) as s:
+        paused = jobs_db.request_pause(s, job_id=_get(s, job_id, principal).id)
+    with services.sessions() as s:
+        job = _get(s, job_id, principal)
+        if not paused:
+            raise Conflict(
+                f"job {job_id} is {job.status}; only a queued or running job can be paused",
+                code="job_not_pausable",
+                param="fine_tuning_job_id",
+            )
+        return job_object(job, services.storage)
+
+
+@router.post("/{job_id}/resume", response_model=FineTuningJob, responses=documented(404))
+def resume_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> FineTuningJob:
+    """A paused job goes back to the queue and continues from its checkpoint."""
+    with session_scope(services.sessions) as s:
+        resumed = jobs_db.resume(s, job_id=_get(s, job_id, principal).id)
+    with services.sessions() as s:
+        job = _get(s, job_id, principal)
+        if not resumed:
+            raise Conflict(
+                f"job {job_id} is {job.status}; only a paused job can be resumed",
+                code="job_not_paused",
+                param="fine_tuning_job_id",
+            )
+        out = job_object(job, services.storage)
+    services.enqueue(job_id)  # after the commit; if the broker is down the reaper re-sends it
+    return out
+
+
+@router.get("/{job_id}/events", response_model=events_view.EventList, responses=documented(404))
+def list_events(
+    job_id: str,
+    services: ServicesDep,
+    session: SessionDep,
+    principal: PrincipalDep,
+    after: Annotated[str | None, Query(max_length=200, description="an event id: list older ones")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 20,
+) -> events_view.EventList:
+    """Newest first: ftune's job events (`message`) and a `metrics` event per logged step."""
+    job = _get(session, job_id, principal)
+    rows, more = events_view.page(events_view.job_events(job, services.storage), after, limit)
+    return events_view.EventList(data=rows, has_more=more)
+
+
+@router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=documented(404))
+def list_checkpoints(
+    job_id: str,
+    services: ServicesDep,
+    session: SessionDep,
+    principal: PrincipalDep,
+    after: Annotated[str | None, Query(max_length=200, description="a checkpoint id: list past it")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 10,
+) -> CheckpointList:
+    """The checkpoints ftune keeps, in step order; each is downloadable natively."""
+    job = _get(session, job_id, principal)
+    objects = checkpoint_objects(job, openai_jobs.checkpoints(session, job.id), services.storage)
+    ids = [c.id for c in objects]
+    start = (ids.index(after) + 1 if after in ids else len(ids)) if after is not None else 0
+    data = objects[start : start + limit]
+    return CheckpointList(
+        data=data,
+        has_more=start + limit < len(objects),
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+    )
