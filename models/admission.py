@@ -31,6 +31,12 @@ def check_dataset(session: Session, *, dataset_id: str, tenant_id: str, param: s
             code="dataset_not_found",
             param=param,
         )
+    if ds.status == datasets_db.DELETED:
+        raise InvalidInput(
+            f"dataset {dataset_id!r} was deleted and cannot be trained on; upload it again",
+            code="dataset_deleted",
+            param=param,
+        )
     if ds.status != "valid":
         raise InvalidInput(
             f"dataset {dataset_id!r} is invalid and cannot be trained on; see GET /datasets/{ds.id}",

@@ -48,7 +48,9 @@ def get_dataset(session: Session, dataset_id: str, tenant_id: str | None = None)
 def list_datasets(
     session: Session, limit: int, after: str | None, tenant_id: str | None = None
 ) -> tuple[list[Dataset], str | None]:
-    stmt = select(Dataset) if tenant_id is None else select(Dataset).where(Dataset.tenant_id == tenant_id)
+    stmt = select(Dataset).where(Dataset.status != DELETED)
+    if tenant_id is not None:
+        stmt = stmt.where(Dataset.tenant_id == tenant_id)
     rows = session.scalars(newest_first(stmt, Dataset, after, limit)).all()
     return page(list(rows), limit)
 

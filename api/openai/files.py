@@ -7,9 +7,7 @@ Everything is scoped to the key's own tenant (the organization), admin keys incl
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, Response
@@ -17,17 +15,15 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import PrincipalDep
-from api.deps import Services, ServicesDep, SessionDep
+from api.deps import ServicesDep, SessionDep
 from api.openai.checkpoints import result_csv
 from api.openai.errors import AUTHED, OpenAIRoute, documented
 from api.openai.job_objects import result_file_id, result_file_job
 from api.openai.schemas import PURPOSE, RESULTS_PURPOSE, FileDeleted, FileList, FileObject, file_object
-from api.routes.datasets import _room as upload_room
-from api.upload import FileSink, receive
-from core.data.validate import DatasetValidator
+from api.routes.datasets import receive_and_validate, store_dataset, upload_room
 from core.errors import InvalidInput, NotFound
 from core.states import JobStatus
-from core.storage import Storage, new_id
+from core.storage import Storage
 from models import datasets as datasets_db
 from models import jobs as jobs_db
 from models.db import session_scope
@@ -62,27 +58,13 @@ async def create_file(request: Request, services: ServicesDep, principal: Princi
     """`client.files.create(file=open("data.jsonl", "rb"), purpose="fine-tune")`: a new dataset."""
     tmp = services.storage.temp_file()
     try:
-        filename, fields, report = await _receive_and_validate(request, services, principal, tmp)
+        room = await run_in_threadpool(upload_room, services, principal)
+        filename, fields, report = await receive_and_validate(request, services, tmp, room)
         _check_fields(fields)
-        ds = _store(services, principal, tmp, filename, report)
+        ds = await run_in_threadpool(store_dataset, services, principal, tmp, filename, report)
     finally:
         tmp.unlink(missing_ok=True)
     return file_object(ds)
-
-
-async def _receive_and_validate(
-    request: Request, services: Services, principal: Principal, tmp: Path
-) -> tuple[str, dict[str, str], dict[str, Any]]:
-    settings = services.settings
-    validator = DatasetValidator.from_settings(settings, spill_dir=tmp.parent)
-    sink = FileSink(tmp, validator.feed, upload_room(services, principal))
-    try:
-        upload = await receive(request, sink, settings.upload_idle_timeout_seconds)
-    finally:
-        sink.close()
-    report = (await run_in_threadpool(validator.finish)).model_dump(mode="json")
-    report["column_mapping"] = None
-    return upload.filename, upload.fields, report
 
 
 def _check_fields(fields: dict[str, str]) -> None:
@@ -102,15 +84,6 @@ def _check_fields(fields: dict[str, str]) -> None:
             code="invalid_purpose",
             param="purpose",
         )
-
-
-def _store(
-    services: Services, principal: Principal, tmp: Path, filename: str, report: dict[str, Any]
-) -> Dataset:
-    dataset_id = new_id()
-    os.replace(tmp, services.storage.dataset_path(dataset_id))
-    with session_scope(services.sessions) as s:
-        return datasets_db.create_dataset(s, principal.tenant_id, dataset_id, filename, report)
 
 
 @router.get("", response_model=FileList)

@@ -20,12 +20,13 @@ from api.responses import AUTHED, errors
 from api.schemas import DatasetOut, Page, dataset_out
 from api.upload import FileSink, parse_column_mapping, receive
 from core.data.validate import DatasetValidator
-from core.errors import NotFound, PayloadTooLarge
+from core.errors import Conflict, NotFound, PayloadTooLarge
 from core.storage import new_id
 from models import datasets as datasets_db
 from models import idempotency as idem
 from models import tenants as tenants_db
 from models.db import session_scope
+from models.tables import Dataset
 from models.tenants import Principal
 
 router = APIRouter(prefix="/datasets", tags=["datasets"], responses=errors(*AUTHED))
@@ -80,8 +81,8 @@ async def upload_dataset(
     owns_key = key is not None and replay is None
     tmp = services.storage.temp_file()
     try:
-        room = await run_in_threadpool(_room, services, principal)
-        filename, report = await _receive_and_validate(request, services, tmp, room)
+        room = await run_in_threadpool(upload_room, services, principal)
+        filename, _fields, report = await receive_and_validate(request, services, tmp, room)
         request_hash = body_hash(
             {k: report[k] for k in ("sha256", "column_mapping")} | {"filename": filename}
         )
@@ -110,7 +111,7 @@ async def upload_dataset(
     return response
 
 
-def _room(services: Services, principal: Principal) -> int:
+def upload_room(services: Services, principal: Principal) -> int:
     """Bytes this upload may use: the upload limit, or less when the tenant's storage quota is nearly full."""
     settings = services.settings
     with services.sessions() as s:
@@ -125,9 +126,10 @@ def _room(services: Services, principal: Principal) -> int:
     return min(settings.max_upload_bytes, left)
 
 
-async def _receive_and_validate(
+async def receive_and_validate(
     request: Request, services: Services, tmp: Path, max_bytes: int
-) -> tuple[str, dict[str, Any]]:
+) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """Stream the upload into `tmp` through the validator: (filename, the form's other fields, report)."""
     settings = services.settings
     mapping = parse_column_mapping(request.query_params.get("column_mapping"))
     validator = DatasetValidator.from_settings(settings, mapping, spill_dir=tmp.parent)
@@ -144,17 +146,25 @@ async def _receive_and_validate(
         await run_in_threadpool(validator.feed_file, tmp)
     report = (await run_in_threadpool(validator.finish)).model_dump(mode="json")
     report["column_mapping"] = mapping
-    return upload.filename, report
+    return upload.filename, upload.fields, report
+
+
+def store_dataset(
+    services: Services, principal: Principal, tmp: Path, filename: str, report: dict[str, Any]
+) -> Dataset:
+    """Move the validated upload into place under a new id and record it (valid or invalid)."""
+    dataset_id = new_id()
+    os.replace(tmp, services.storage.dataset_path(dataset_id))
+    with session_scope(services.sessions) as s:
+        return datasets_db.create_dataset(s, principal.tenant_id, dataset_id, filename, report)
 
 
 def _store(
     services: Services, principal: Principal, tmp: Path, filename: str, report: dict[str, Any]
 ) -> JSONResponse:
-    dataset_id = new_id()
-    os.replace(tmp, services.storage.dataset_path(dataset_id))
-    with session_scope(services.sessions) as s:
-        ds = dataset_out(datasets_db.create_dataset(s, principal.tenant_id, dataset_id, filename, report))
-    body = ds.model_dump(mode="json")
+    ds = store_dataset(services, principal, tmp, filename, report)
+    dataset_id = ds.id
+    body = dataset_out(ds).model_dump(mode="json")
     if report["valid"]:
         return JSONResponse(body, 201, headers={"Location": f"/datasets/{dataset_id}"})
     first = report["problems"][0] if report["problems"] else None
@@ -182,3 +192,23 @@ def get_dataset(dataset_id: str, session: SessionDep, principal: PrincipalDep) -
     if ds is None:
         raise NotFound(f"dataset {dataset_id!r} not found", code="dataset_not_found", param="dataset_id")
     return dataset_out(ds)
+
+
+@router.delete("/{dataset_id}", status_code=204, responses=errors(404, 409))
+def delete_dataset(dataset_id: str, services: ServicesDep, principal: PrincipalDep) -> None:
+    """Delete a dataset and its stored file; refused (409 dataset_in_use) while a job that has not finished
+    trains or validates on it. Finished jobs that used it keep its record, marked deleted."""
+    with session_scope(services.sessions) as s:
+        ds = datasets_db.get_live_dataset(s, dataset_id, principal.tenant_id)
+        if ds is None:
+            raise NotFound(f"dataset {dataset_id!r} not found", code="dataset_not_found", param="dataset_id")
+        blocking = datasets_db.delete_unless_in_use(s, ds)
+        if blocking:
+            raise Conflict(
+                f"dataset {dataset_id} is used by {len(blocking)} job(s) that have not finished; cancel them "
+                "or wait for them to finish",
+                code="dataset_in_use",
+                param="dataset_id",
+                details={"jobs": blocking},
+            )
+    services.storage.dataset_path(dataset_id).unlink(missing_ok=True)
