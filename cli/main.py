@@ -40,17 +40,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not settings.redis_url:
         print("FTUNE_REDIS_URL is not set (ftune up starts an embedded broker for you)", file=sys.stderr)
         return 2
-    from core.queues import CPU_QUEUE, QUEUE
+    from core.queues import CPU_QUEUE, QUEUE, class_queue
+    from worker.devices import detect_devices
     from worker.tasks import app
 
     # Two kinds of worker process, so short CPU work never waits behind a training job that holds a
     # jobs worker (prefetch 1) for hours: "jobs" trains, one job per slot; "cpu" computes token statistics.
     cpu = args.queue == "cpu"
+    # A trainer consumes the shared queue and its device class's (core.queues: placement).
+    jobs_queues = f"{QUEUE},{class_queue(detect_devices(settings.worker_devices))}"
     argv = [
         "worker",
         "--pool=threads",
         f"--concurrency={args.concurrency or (1 if cpu else settings.worker_concurrency)}",
-        f"--queues={CPU_QUEUE if cpu else QUEUE}",
+        f"--queues={CPU_QUEUE if cpu else jobs_queues}",
         "--loglevel=INFO",
         "--without-gossip",
         "--without-mingle",

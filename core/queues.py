@@ -8,7 +8,10 @@ visibility timeout exceeds the longest job so it does not redeliver a job that i
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +26,26 @@ QUEUE = "ftune-jobs"  # training: served by the workers of a device class, one j
 CPU_QUEUE = "ftune-cpu"
 QUEUE_OF = {RUN_JOB: QUEUE, REAP: QUEUE, TOKEN_STATS: CPU_QUEUE}
 
+# Placement. Every training worker consumes QUEUE and the queue of its device class. A wake-up for a job
+# goes to QUEUE; the idle worker that takes it claims the next job it can run by the fair policy
+# (models.fairshare), and when the message's own job does not fit it, passes the wake-up on to the class
+# queues of the live workers that do fit it (worker.dispatch). So a message never decides which job runs,
+# and a job is only ever claimed by a worker whose devices its plan fits (checked at claim time).
+CLASS_QUEUE_PREFIX = QUEUE + "."
+
 log = logging.getLogger(__name__)
+
+
+def device_class(devices: list[dict[str, Any]]) -> str:
+    """A short stable name for a set of devices: workers with the same devices share a class queue."""
+    key = json.dumps(sorted(json.dumps(d, sort_keys=True) for d in devices))
+    names = sorted({str(d.get("name", "?")) for d in devices})
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{len(devices)}x-{'-'.join(names)}".lower()).strip("-")[:40]
+    return f"{slug}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+def class_queue(devices: list[dict[str, Any]]) -> str:
+    return CLASS_QUEUE_PREFIX + device_class(devices)
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -55,11 +77,15 @@ class Enqueuer:
         self.task = task
 
     def __call__(self, job_id: str) -> bool:
+        return self.to(QUEUE_OF[self.task], job_id)
+
+    def to(self, queue: str, job_id: str) -> bool:
+        """Publish on `queue` (a device class's queue, when a wake-up is passed on)."""
         try:
             self.send_task(
                 self.task,
                 args=[job_id],
-                queue=QUEUE_OF[self.task],
+                queue=queue,
                 retry=True,
                 retry_policy={"max_retries": 2},
             )

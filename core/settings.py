@@ -62,6 +62,8 @@ class Settings(BaseSettings):
     worker_devices: str = ""
     # Plan against this GPU (type or size) while no worker has registered its devices yet; empty: admit.
     plan_gpu: str = ""
+    # Fair share: at most this many running jobs per tenant across the fleet (0: no limit beyond the fleet).
+    max_running_jobs_per_tenant: int = Field(default=0, ge=0)
     # How often the worker relays training progress into the database.
     progress_interval_seconds: float = Field(default=1.0, gt=0)
     # Server-sent events: how often a stream looks for new job events, and the keep-alive comment period

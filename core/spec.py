@@ -105,6 +105,9 @@ class JobSpec(BaseModel):
     master_weights: bool = Field(False, description="Keep fp32 master copies (full fine-tune).")
     attn_implementation: AttnImpl = "sdpa"
     num_gpus: int = Field(1, ge=1, le=256)
+    priority: int = Field(
+        0, ge=-100, le=100, description="Order among this tenant's own queued jobs: higher first, then FIFO."
+    )
 
     @field_validator("base_model")
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.orm import Session
 
 from core.data.token_stats import PENDING, TokenStats, needs_attention, summary
@@ -116,19 +116,32 @@ def _set_token_stats(session: Session, job_id: str, stats: dict[str, Any], condi
     return True
 
 
+def set_predicted_peak(session: Session, *, job_id: str, predicted_peak_bytes: int) -> None:
+    """The plan re-made on the worker that claimed the job (placement) replaces the admission's."""
+    session.execute(update(Job).where(Job.id == job_id).values(predicted_peak_bytes=predicted_peak_bytes))
+
+
 def mark_enqueued(session: Session, *, job_id: str) -> None:
     session.execute(update(Job).where(Job.id == job_id).values(enqueued_at=utcnow()))
 
 
-def claim(session: Session, *, job_id: str, worker_id: str, lease_seconds: float) -> int | None:
-    """queued -> running for this worker. Returns the new attempt number, or None if not claimable."""
+def claim(
+    session: Session,
+    *,
+    job_id: str,
+    worker_id: str,
+    lease_seconds: float,
+    guards: tuple[ColumnElement[bool], ...] = (),
+) -> int | None:
+    """queued -> running for this worker (and `guards`, e.g. the tenant's running limit). Returns the new
+    attempt number, or None if not claimable."""
     now = utcnow()
     claimed = transition(
         session,
         job_id=job_id,
         src=JobStatus.QUEUED,
         dst=JobStatus.RUNNING,
-        guards=(Job.cancel_requested.is_(False),),
+        guards=(Job.cancel_requested.is_(False), *guards),
         values={
             "attempt": Job.attempt + 1,
             "worker_id": worker_id,

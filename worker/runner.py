@@ -38,10 +38,14 @@ from core.spec import JobSpec
 from core.states import JobStatus
 from core.storage import MERGED_DIR, Storage, atomic_write_text, new_id
 from models import datasets as datasets_db
+from models import fairshare
 from models import jobs as jobs_db
 from models import workers as workers_db
 from models.db import session_scope
+from models.placement import Placer
+from models.tables import Job
 from worker.artifacts import build_adapter_archive, build_archive, sha256_dir, sha256_file
+from worker.devices import detect_devices
 from worker.progress import progress_values, token_stats_from_start
 
 log = logging.getLogger(__name__)
@@ -66,6 +70,7 @@ class JobRunner:
         sessions: sessionmaker[Session],
         enqueue: Callable[[str], bool],
         command: Callable[[Path], list[str]] | None = None,
+        devices: list[dict[str, Any]] | None = None,
     ) -> None:
         self.settings = settings
         self.sessions = sessions
@@ -74,16 +79,27 @@ class JobRunner:
         self.catalog = Catalog(settings.models_dir, settings.hf_cache_dir)
         self.command = command or training_command
         self.me = settings.worker_name or worker_id()
+        self.devices = devices if devices is not None else detect_devices(settings.worker_devices)
+        self.placer = Placer(self.catalog)
 
-    def run(self, job_id: str) -> str:
+    def run(self, hint: str | None = None) -> str:
+        """Claim the next job this worker can run by the fair policy and run it. `hint` is the job id the
+        wake-up carried: it does not decide which job runs (models.fairshare does). "skipped": none."""
         with session_scope(self.sessions) as s:
-            attempt = jobs_db.claim(
-                s, job_id=job_id, worker_id=self.me, lease_seconds=self.settings.lease_seconds
+            claimed = fairshare.claim_next(
+                s,
+                can_run=lambda job: self.placer.fits(job, self.devices),
+                worker_id=self.me,
+                lease_seconds=self.settings.lease_seconds,
+                running_limit=self.settings.max_running_jobs_per_tenant,
             )
-        if attempt is None:
-            log.info("job %s is not claimable (duplicate message, cancelled or finished); skipping", job_id)
+            if claimed is not None:
+                self._record_placement(s, claimed[0], claimed[1])
+        if claimed is None:
+            log.info("no queued job this worker can run (woken for %s); idle", hint)
             return "skipped"
-        log.info("job %s: attempt %d claimed by %s", job_id, attempt, self.me)
+        job_id, attempt = claimed[0].id, claimed[1]
+        log.info("job %s: attempt %d claimed by %s (woken for %s)", job_id, attempt, self.me, hint)
         self._set_current_job(job_id)
         try:
             run_json = self._write_run_config(job_id)
@@ -94,6 +110,25 @@ class JobRunner:
             return "failed"
         finally:
             self._set_current_job(None)
+
+    def _record_placement(self, s: Session, job: Job, attempt: int) -> None:
+        """The plan re-made on this worker's devices is the one the job runs under: plan.json and the
+        prediction shown beside the measured peak are replaced, the event keeps both."""
+        verdict = self.placer.verdict(job, self.devices)
+        data: dict[str, Any] = {"worker": self.me, "devices": self.devices, "attempt": attempt}
+        data["admission_predicted_bytes"] = job.predicted_peak_bytes
+        plan = verdict.plan
+        if plan is not None:
+            atomic_write_text(self.storage.plan_path(job.id), plan.model_dump_json())
+            jobs_db.set_predicted_peak(s, job_id=job.id, predicted_peak_bytes=plan.allocated_bytes)
+            data |= {
+                "device": plan.gpu,
+                "predicted_bytes": plan.allocated_bytes,
+                "plan_total": plan.total_bytes,
+            }
+        where = f" on {plan.gpu}: plan {plan.total_bytes / 2**30:.2f} GiB" if plan else " (no plan)"
+        msg = f"placed on {self.me}{where}"
+        jobs_db.add_event(s, job_id=job.id, kind="placed", message=msg, data=data)
 
     def _set_current_job(self, job_id: str | None) -> None:
         with session_scope(self.sessions) as s:

@@ -9,17 +9,19 @@ from typing import Any
 
 from celery.signals import worker_ready, worker_shutting_down
 
-from core.queues import TOKEN_STATS, Enqueuer
+from core.queues import TOKEN_STATS, Enqueuer, class_queue
 from core.settings import get_settings
 from models import workers as workers_db
 from models.db import make_engine, make_session_factory, session_scope
 from worker import runner
 from worker.celery_app import QUEUE, REAP, RUN_JOB, app
-from worker.devices import detect_devices
+from worker.dispatch import pass_on, refresh_waiting
 from worker.reaper import reap
 from worker.token_stats import compute_and_store, subprocess_compute
 
 log = logging.getLogger(__name__)
+
+_wake = Enqueuer(app.send_task, RUN_JOB)  # a job's wake-up: on the shared queue, or .to() a class queue
 
 # Set when this process serves the training queue and so is in the fleet table (a CPU worker is not).
 _in_fleet = threading.Event()
@@ -29,20 +31,37 @@ _in_fleet = threading.Event()
 def _runner() -> runner.JobRunner:
     settings = get_settings()
     sessions = make_session_factory(make_engine(settings.resolved_database_url))
-    return runner.JobRunner(settings, sessions, Enqueuer(app.send_task, RUN_JOB))
+    return runner.JobRunner(settings, sessions, _wake)
+
+
+def _fleet_pass() -> None:
+    r = _runner()
+    refresh_waiting(r.sessions, r.placer)
 
 
 def _queue_depth() -> int | None:
+    """Messages waiting in the shared jobs queue and the class queues of the fleet."""
+    r = _runner()
     try:
+        with session_scope(r.sessions) as s:
+            queues = {QUEUE} | {class_queue(w.devices) for w in workers_db.fleet(s)}
         with app.connection_for_write() as conn:
-            return int(conn.default_channel.client.llen(QUEUE))
+            client = conn.default_channel.client
+            return sum(int(client.llen(q)) for q in queues)
     except Exception:
         return None  # unknown: do not re-send
 
 
 @app.task(name=RUN_JOB, acks_late=True)
 def run_job(job_id: str) -> str:
-    return _runner().run(job_id)
+    """A wake-up. Pass it on if its job does not fit here; then claim and run, by the fair policy, the
+    jobs this worker can run until none is left (so a busy worker needs no message for its next job)."""
+    r = _runner()
+    pass_on(r.sessions, r.placer, r.devices, job_id, _wake.to)
+    outcome = r.run(job_id)
+    while outcome != "skipped" and not runner.shutting_down.is_set():
+        outcome = r.run()
+    return outcome
 
 
 @app.task(name=TOKEN_STATS, acks_late=True)
@@ -66,6 +85,7 @@ def _tick() -> None:
     if _in_fleet.is_set():
         with session_scope(r.sessions) as s:
             workers_db.heartbeat(s, r.me)
+        _fleet_pass()  # a job no live worker fits says why (the fleet may have changed)
     reap_now()
 
 
@@ -82,11 +102,11 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     r = _runner()
     queues = set(sender.app.amqp.queues.consume_from) if sender is not None else {QUEUE}
     if QUEUE in queues:  # a trainer joins the fleet the planner admits against; a CPU worker does not
-        devices = detect_devices(r.settings.worker_devices)
         with session_scope(r.sessions) as s:
-            workers_db.register(s, r.me, runner.socket.gethostname(), devices)
+            workers_db.register(s, r.me, runner.socket.gethostname(), r.devices)
         _in_fleet.set()
-        log.info("worker %s registered with devices %s", r.me, devices)
+        log.info("worker %s registered with devices %s (%s)", r.me, r.devices, class_queue(r.devices))
+        _wake.to(class_queue(r.devices), "")  # wake myself: jobs that waited for a worker like me
     reap_now()  # at start: jobs of a worker that died while we were down
     interval = r.settings.reaper_interval_seconds
     threading.Thread(target=_tick_forever, args=(runner.shutting_down, interval), daemon=True).start()

@@ -31,6 +31,18 @@ def stand_in_training(body: str) -> Callable[[Path], list[str]]:
     return lambda run_json: [sys.executable, "-c", head + body, str(run_json)]
 
 
+# A few MB to plan: any worker's RAM fits it (placement re-plans a job on the claiming worker).
+TINY_LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+}
+
+
 @contextmanager
 def job_in_db(
     tmp_path: Path,
@@ -42,7 +54,7 @@ def job_in_db(
     """Settings, a session factory and the id of a queued job (base model "tiny", a 'valid' text dataset
     of `spec`'s dataset), created with `job` as create_job's keyword arguments."""
     (tmp_path / "models" / "tiny").mkdir(parents=True)
-    (tmp_path / "models" / "tiny" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "models" / "tiny" / "config.json").write_text(json.dumps(TINY_LLAMA))
     config = Settings(
         data_dir=tmp_path / "data",
         models_dir=tmp_path / "models",

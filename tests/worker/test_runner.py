@@ -44,7 +44,11 @@ def test_out_of_memory_fails_at_once_with_the_planners_prediction(runner_env) ->
         assert job is not None
         assert job.status == "failed" and job.attempt == 1
         assert job.error_code == "out_of_memory"
-        assert "planner predicted 3.00 GiB" in (job.error_message or "")
+        # the prediction the job ran under: re-planned on this worker at its claim (the admission's kept)
+        placed = [e for e in job.events if e.kind == "placed"]
+        assert len(placed) == 1 and placed[0].data["admission_predicted_bytes"] == 3 * 2**30
+        assert job.predicted_peak_bytes == placed[0].data["predicted_bytes"] != 3 * 2**30
+        assert f"planner predicted {job.predicted_peak_bytes / 2**30:.2f} GiB" in (job.error_message or "")
 
 
 def test_a_crash_is_retried_until_max_attempts(runner_env) -> None:  # type: ignore[no-untyped-def]
