@@ -49,6 +49,9 @@ class JobOut(BaseModel):
         description="Tokens per example against the base model's tokenizer: pending at submission, "
         "ready seconds later (or failed with an error); null for jobs older than this field."
     )
+    deleted_at: datetime | None = Field(
+        None, description="Set by DELETE /jobs/{id}: the job's files are gone, its record stays."
+    )
 
 
 class DatasetOut(BaseModel):
@@ -133,8 +136,9 @@ def job_out(job: Job) -> JobOut:
         ),
         peak_mem_bytes=job.peak_mem_bytes,
         predicted_peak_bytes=job.predicted_peak_bytes,
-        adapter_url=f"/jobs/{job.id}/adapter" if job.status == "succeeded" else None,
+        adapter_url=f"/jobs/{job.id}/adapter" if job.status == "succeeded" and not job.deleted_at else None,
         token_stats=TokenStats.model_validate(job.token_stats) if job.token_stats else None,
+        deleted_at=job.deleted_at,
     )
 
 

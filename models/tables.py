@@ -116,6 +116,8 @@ class Job(Base):
     suffix: Mapped[str | None] = mapped_column(String(64))
     user_metadata: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
     openai: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # DELETE /jobs/{id} of a finished job: its files are gone, the record stays for audits and the dashboard.
+    deleted_at: Mapped[datetime | None]
 
     events: Mapped[list[JobEvent]] = relationship(back_populates="job", order_by="JobEvent.id")
     artifacts: Mapped[list[Artifact]] = relationship(back_populates="job", order_by="Artifact.id")

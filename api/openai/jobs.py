@@ -104,7 +104,8 @@ def _create(body: CreateJobRequest, services: Services, principal: Principal) ->
             openai=OpenAIFields(suffix=body.suffix, metadata=body.metadata, request=request),
         )
     except FtuneError as e:  # admission names JobSpec's fields; the caller sent OpenAI's
-        e.param = OPENAI_PARAM.get(e.param or "", e.param)
+        if e.code != "duplicate_parameter":  # that one names the extra field the caller sent
+            e.param = OPENAI_PARAM.get(e.param or "", e.param)
         raise
     return JSONResponse(job_object(job, services.storage).model_dump(mode="json"))
 

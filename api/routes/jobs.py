@@ -133,6 +133,26 @@ def resume_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> J
     return out
 
 
+@router.delete("/{job_id}", response_model=JobOut, responses=errors(404, 409))
+def delete_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> JobOut:
+    """Delete a finished job's files (checkpoints, adapter, metrics, logs); its record stays, marked
+    deleted, so audits and the dashboard still show it. A job that has not finished: 409 job_not_finished."""
+    with session_scope(services.sessions) as s:
+        deleted = jobs_db.mark_deleted(s, job_id=_get(s, job_id, principal).id)
+    with services.sessions() as s:
+        job = _get(s, job_id, principal)
+        if not deleted:
+            raise Conflict(
+                f"job {job_id} is {job.status}; cancel it or wait for it to finish before deleting it",
+                code="job_not_finished",
+                param="job_id",
+                details={"status": job.status},
+            )
+        out = job_out(job)
+    services.storage.delete_job_files(job_id)  # after the commit: a crash leaves files, never dangling rows
+    return out
+
+
 @router.get("/{job_id}/events", response_model=EventPage, responses=errors(404))
 def list_events(
     job_id: str,
@@ -210,6 +230,8 @@ def download_merged(
 
 def _archive_response(session: Any, job: Job, kind: str, path: Path) -> FileResponse:
     """A finished job's archive of `kind`, or 409 <kind>_not_ready while it is not there yet."""
+    if job.deleted_at is not None:
+        raise NotFound(f"job {job.id} was deleted with its files", code=f"{kind}_deleted", param="job_id")
     art = jobs_db.find_artifact(session, job.id, kind)
     if job.status != JobStatus.SUCCEEDED or art is None:
         raise Conflict(

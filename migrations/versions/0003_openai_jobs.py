@@ -1,4 +1,5 @@
-"""jobs.suffix, jobs.metadata, jobs.openai: what a job made through /v1/fine_tuning/jobs carries beyond its JobSpec
+"""jobs.suffix, jobs.metadata, jobs.openai: what a /v1/fine_tuning/jobs job carries beyond its JobSpec;
+jobs.deleted_at: a finished job whose files were deleted (the record stays for audits and the dashboard)
 
 Revision ID: 0003
 Revises: 0002
@@ -22,10 +23,12 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("suffix", sa.String(length=64), nullable=True))
         batch_op.add_column(sa.Column("metadata", sa.JSON(), nullable=True))
         batch_op.add_column(sa.Column("openai", sa.JSON(), nullable=True))
+        batch_op.add_column(sa.Column("deleted_at", sa.DateTime(timezone=True), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.drop_column("deleted_at")
         batch_op.drop_column("openai")
         batch_op.drop_column("metadata")
         batch_op.drop_column("suffix")
