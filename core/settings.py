@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     # Token statistics of a new job's dataset (`python -m training.token_stats`, run by a CPU worker):
     # killed after this long.
     token_stats_timeout_seconds: float = Field(default=600, gt=0)
+    # Webhook delivery (worker/webhooks.py): a failed attempt is retried after backoff * 2^(attempt-1)
+    # seconds (at most an hour), up to max attempts; each attempt waits at most the timeout.
+    webhook_backoff_seconds: float = Field(default=5, gt=0)
+    webhook_max_attempts: int = Field(default=12, ge=1)
+    webhook_timeout_seconds: float = Field(default=10, gt=0)
     worker_name: str = ""
     worker_concurrency: int = 1
     # Declared devices of this worker (e.g. "A100-80GB,A100-80GB" or "24GB"); empty: detect.

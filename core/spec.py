@@ -99,6 +99,9 @@ class JobSpec(BaseModel):
     # None means the method's default: on for qlora, off otherwise.
     gradient_checkpointing: bool | None = None
     checkpoint_every_steps: int = Field(50, ge=0, le=1_000_000, description="0: only at the end.")
+    keep_checkpoints: int = Field(
+        3, ge=1, le=10_000, description="Checkpoints kept on disk: the newest N, plus the best by eval loss."
+    )
 
     torch_dtype: TorchDtype = Field("auto", description="Storage dtype of unquantized base weights.")
     mixed_precision: MixedPrecision = Field("auto", description="auto: bf16 on a GPU, off on a CPU.")

@@ -181,3 +181,47 @@ class IdempotencyKey(Base):
     response_status: Mapped[int | None] = mapped_column(Integer)
     response_body: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Webhook(Base):
+    """A tenant's endpoint for signed job events (Standard Webhooks). The secret signs, so it is stored."""
+
+    __tablename__ = "webhooks"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    url: Mapped[str] = mapped_column(String(2000))
+    secret: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WebhookEvent(Base):
+    """The outbox: one row per event and endpoint, written in the transaction that finished the job, so no
+    event is lost; delivered (or given up on) by the workers."""
+
+    __tablename__ = "webhook_events"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # the webhook-id header, the same per retry
+    webhook_id: Mapped[str] = mapped_column(ForeignKey("webhooks.id"), index=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    type: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Due at; while an attempt is in flight, the time after which another worker may take it over.
+    next_attempt_at: Mapped[datetime | None] = mapped_column(index=True)
+    delivered_at: Mapped[datetime | None]
+    gave_up_at: Mapped[datetime | None]
+
+
+class WebhookDelivery(Base):
+    """One delivery attempt of an event: when, and what the receiver answered (or why it did not)."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(ForeignKey("webhook_events.id"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)

@@ -13,6 +13,7 @@ from sqlalchemy import ColumnElement, update
 from sqlalchemy.orm import Session
 
 from core.states import OWNED, TERMINAL, JobStatus, check_transition
+from models import webhooks
 from models.tables import Job, JobEvent, utcnow
 
 
@@ -54,4 +55,6 @@ def transition(
     if event is not None:
         kind, message, data = event
         add_event(session, job_id=job_id, kind=kind, message=message, data=data)
+    if dst in TERMINAL:  # the webhook outbox, in this same transaction: the event exists iff the job ended
+        webhooks.add_job_event(session, job_id=job_id, status=dst)
     return True

@@ -43,7 +43,8 @@ def checkpoint_name(step: int) -> str:
 
 
 def save_checkpoint(root: Path, parts: Parts, pos: Position, total_steps: int) -> Path:
-    """Write the state after `pos.step` steps to root/step-<step>; keep the newest KEEP.
+    """Write the state after `pos.step` steps to root/step-<step>; keep the newest spec.keep_checkpoints
+    and the best by eval loss.
 
     Collective under FSDP: every rank calls it; rank 0 writes."""
     target = root / checkpoint_name(pos.step)
@@ -83,7 +84,7 @@ def _save(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    prune(root, KEEP)
+    prune(root, parts.spec.keep_checkpoints)
 
 
 def _write_state(
@@ -135,10 +136,28 @@ def list_checkpoints(root: Path) -> list[Path]:
 
 
 def prune(root: Path, keep: int) -> None:
-    for old in list_checkpoints(root)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    """Remove all but the newest `keep` checkpoints and the best by eval loss (see best_checkpoint)."""
+    done = list_checkpoints(root)
+    best = best_checkpoint(done)
+    for old in done[:-keep]:
+        if old != best:
+            shutil.rmtree(old, ignore_errors=True)
     for stale in root.glob(".tmp-step-*"):  # left by a process killed mid-write
         shutil.rmtree(stale, ignore_errors=True)
+
+
+def best_checkpoint(paths: list[Path]) -> Path | None:
+    """The first checkpoint (in step order) that holds the lowest best-eval-loss seen: the one saved at, or
+    first after, the best evaluation. None when nothing was evaluated."""
+    best: tuple[float, Path] | None = None
+    for path in paths:
+        try:
+            loss = json.loads((path / FILES[3]).read_text())["position"].get("best_eval_loss")
+        except (OSError, ValueError, KeyError):
+            continue  # incomplete: never the one to keep
+        if loss is not None and (best is None or loss < best[0]):
+            best = (loss, path)
+    return best[1] if best else None
 
 
 def load_checkpoint(path: Path, parts: Parts) -> Position:

@@ -250,8 +250,11 @@ class JobRunner:
                     jobs_db.add_artifact(s, new_id(), job_id, kind, archive.name, size, digest, None)
             self._finish(job_id, attempt, JobStatus.SUCCEEDED, "training finished; adapter ready")
             return "succeeded"
-        if rc == EXIT_STOPPED and self._cancel_requested(job_id):
-            self._finish(job_id, attempt, JobStatus.CANCELLED, "cancelled; checkpoint saved")
+        if rc != 0 and self._cancel_requested(job_id):
+            # Also when the stop signal arrived before training installed its handler (it dies of
+            # SIGTERM): a retry would leave the job queued with cancel_requested, which no claim takes.
+            how = "checkpoint saved" if rc == EXIT_STOPPED else "stopped before training started"
+            self._finish(job_id, attempt, JobStatus.CANCELLED, f"cancelled; {how}")
             return "cancelled"
         if rc == EXIT_STOPPED:  # a pause, or this worker is shutting down
             paused = "paused; checkpoint saved, a resume continues from it"

@@ -241,9 +241,12 @@ def list_checkpoints(
     after: Annotated[str | None, Query(max_length=200, description="a checkpoint id: list past it")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 10,
 ) -> CheckpointList:
-    """The checkpoints ftune keeps, in step order; each is downloadable natively."""
+    """The checkpoints ftune keeps on disk (JobSpec keep_checkpoints: the newest N plus the best by eval
+    loss), in step order."""
     job = _get(session, job_id, principal)
-    objects = checkpoint_objects(job, openai_jobs.checkpoints(session, job.id), services.storage)
+    job_dir = services.storage.job_dir(job.id)
+    kept = [a for a in openai_jobs.checkpoints(session, job.id) if (job_dir / a.relpath).is_dir()]
+    objects = checkpoint_objects(job, kept, services.storage)
     ids = [c.id for c in objects]
     start = (ids.index(after) + 1 if after in ids else len(ids)) if after is not None else 0
     data = objects[start : start + limit]
