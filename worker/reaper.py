@@ -45,3 +45,21 @@ def reap(
     if requeued or failed or resent:
         log.info("reaper: requeued %d, failed %d, re-sent %d", len(requeued), failed, len(resent))
     return {"requeued": len(requeued), "failed": failed, "resent": len(resent)}
+
+
+def release_predecessor(
+    sessions: sessionmaker[Session], worker_id: str, enqueue: Callable[[str], bool]
+) -> list[str]:
+    """At a worker's start: jobs still owned under its own name belong to an earlier process of that
+    name that died (one process per name; `ftune up` restarts its worker under one), so they go back in
+    line now, to resume from their checkpoints, instead of when their leases expire."""
+    released = []
+    with session_scope(sessions) as s:
+        for job in jobs_db.owned_by(s, worker_id=worker_id):
+            if jobs_db.release_expired(s, job=job) == JobStatus.QUEUED:
+                released.append(job.id)
+    for job_id in released:
+        enqueue(job_id)
+    if released:
+        log.info("released %d jobs of this worker's previous process: %s", len(released), released)
+    return released

@@ -3,6 +3,7 @@ downloads. Translation only: the work is in models (submission, jobs)."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,13 +14,25 @@ from api.auth import PrincipalDep, scope
 from api.deps import Services, ServicesDep, SessionDep
 from api.idempotency import IdempotencyKeyHeader, body_hash, run_once
 from api.responses import AUTHED, errors
-from api.schemas import ArtifactOut, EventOut, EventPage, JobOut, Page, artifact_out, event_out, job_out
+from api.schemas import (
+    ArtifactOut,
+    EventOut,
+    EventPage,
+    JobOut,
+    Page,
+    QueueInfo,
+    artifact_out,
+    event_out,
+    job_out,
+)
 from core.errors import Conflict, NotFound
 from core.run_protocol import EvalRecord, StepRecord, read_records
 from core.spec import JobSpec
 from core.states import JobStatus
 from models import jobs as jobs_db
 from models.db import session_scope
+from models.placement import Placer
+from models.queue_view import queue_view
 from models.submission import submit_job
 from models.tables import Job
 from models.tenants import Principal
@@ -78,8 +91,10 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=errors(404))
-def get_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> JobOut:
-    return job_out(_get(session, job_id, principal))
+def get_job(job_id: str, session: SessionDep, services: ServicesDep, principal: PrincipalDep) -> JobOut:
+    job = _get(session, job_id, principal)
+    entry = queue_view(session, Placer(services.catalog)).get(job.id) if job.status == "queued" else None
+    return job_out(job, QueueInfo(**asdict(entry)) if entry else None)
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut, responses=errors(404, 409))

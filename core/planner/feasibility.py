@@ -71,7 +71,7 @@ def plan_for_fleet(
             f"the job needs {spec.num_gpus} devices on one worker; the largest worker has {most}",
             param="num_gpus",
         )
-    kinds = {g.name: g for g in eligible}  # one plan per kind of device
+    kinds = {(g.name, g.memory_bytes): g for g in eligible}  # one plan per kind (CPU workers: per RAM)
     plans = [plan_on(spec, arch, gpu, tokens) for gpu in kinds.values()]
     fitting = [p for p in plans if p.fits]
     if fitting:
