@@ -102,7 +102,7 @@ def claim(session: Session, *, event_id: str, attempts: int, now: datetime, leas
         )
         .values(attempts=attempts + 1, next_attempt_at=now + timedelta(seconds=lease_seconds))
     )
-    return result.rowcount == 1  # type: ignore[attr-defined,no-any-return]
+    return result.rowcount == 1  # type: ignore[attr-defined]
 
 
 def target(session: Session, event_id: str) -> tuple[str, str, dict[str, Any]]:

@@ -1,0 +1,154 @@
+"""worker.webhooks.deliver_due on a real database, with the HTTP POST injected: signed as Standard
+Webhooks (checked by the openai SDK), retried with backoff from the outbox across a restart (a new engine,
+as a new worker process has), each attempt recorded, given up after the last one, never sent twice once
+accepted."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import httpx
+import openai
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.settings import Settings
+from core.states import JobStatus
+from models import webhooks as webhooks_db
+from models.db import make_engine, make_session_factory, session_scope
+from models.tables import Dataset, Job, WebhookEvent, utcnow
+from models.tenants import get_or_create_tenant
+from models.transitions import transition
+from worker.webhooks import backoff, deliver_due
+
+
+class Receiver:
+    """A POST double: answers each call with the next of `answers` (an int status or an exception)."""
+
+    def __init__(self, *answers: int | Exception) -> None:
+        self.answers = list(answers)
+        self.calls: list[tuple[str, bytes, dict[str, str]]] = []
+
+    def __call__(self, url: str, body: bytes, headers: dict[str, str], timeout: float) -> int:
+        self.calls.append((url, body, headers))
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+@pytest.fixture
+def sessions(migrated_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(migrated_url)
+    try:
+        yield make_session_factory(engine)
+    finally:
+        engine.dispose()
+
+
+def finished_job(sessions: sessionmaker[Session], url: str) -> tuple[str, str]:
+    """A tenant with a webhook on `url` and a job that just succeeded: (secret, job id)."""
+    with session_scope(sessions) as s:
+        tenant = get_or_create_tenant(s, f"t{time.time_ns()}").id
+        secret = webhooks_db.register(s, tenant_id=tenant, url=url).secret
+        n = time.time_ns()
+        ds_id, job_id = f"{n:031x}d", f"{n:031x}j"
+        s.add(
+            Dataset(
+                id=ds_id,
+                tenant_id=tenant,
+                filename="x",
+                status="valid",
+                format="instruction",
+                num_examples=1,
+                size_bytes=1,
+                sha256="0" * 64,
+                report={},
+            )
+        )
+        s.add(
+            Job(
+                id=job_id,
+                tenant_id=tenant,
+                status="running",
+                spec={},
+                dataset_id=ds_id,
+                base_model="tiny",
+                method="lora",
+            )
+        )
+        s.flush()
+        assert transition(s, job_id=job_id, src=JobStatus.RUNNING, dst=JobStatus.SUCCEEDED)
+    return secret, job_id
+
+
+def make_due(sessions: sessionmaker[Session]) -> None:
+    """Skip the backoff wait: every pending event is due now."""
+    with session_scope(sessions) as s:
+        for e in s.query(WebhookEvent).filter(WebhookEvent.delivered_at.is_(None)):
+            e.next_attempt_at = utcnow() - timedelta(seconds=1)
+
+
+def test_signed_retried_across_a_restart_and_sent_once(
+    migrated_url: str, sessions: sessionmaker[Session]
+) -> None:
+    settings = Settings(webhook_backoff_seconds=30)
+    secret, job_id = finished_job(sessions, "http://receiver.test/hook")
+    post = Receiver(500, httpx.ConnectError("refused"), 204)
+    assert deliver_due(sessions, settings, post) == 0
+    assert deliver_due(sessions, settings, post) == 0  # backing off: not due yet
+    assert len(post.calls) == 1
+    make_due(sessions)
+    assert deliver_due(sessions, settings, post) == 0  # the connection is refused
+
+    engine = make_engine(migrated_url)  # a new worker process: only the outbox carries over
+    try:
+        restarted = make_session_factory(engine)
+        make_due(restarted)
+        assert deliver_due(restarted, settings, post) == 1
+        make_due(restarted)
+        assert deliver_due(restarted, settings, post) == 0 and len(post.calls) == 3  # accepted: never again
+    finally:
+        engine.dispose()
+
+    ids = {headers["webhook-id"] for _, _, headers in post.calls}
+    assert len(ids) == 1  # the same id on every attempt
+    verifier = openai.OpenAI(api_key="unused", webhook_secret=secret)
+    for url, body, headers in post.calls:
+        assert url == "http://receiver.test/hook"
+        event = verifier.webhooks.unwrap(body, headers)
+        assert (event.type, event.data.id, event.id) == (
+            "fine_tuning.job.succeeded",
+            job_id,
+            headers["webhook-id"],
+        )
+    with sessions() as s:
+        attempts = webhooks_db.deliveries(s, ids.pop())
+        assert [(a.attempt, a.status_code, bool(a.error)) for a in attempts] == [
+            (1, 500, False),
+            (2, None, True),
+            (3, 204, False),
+        ]
+
+
+def test_gives_up_after_the_last_attempt(sessions: sessionmaker[Session]) -> None:
+    settings = Settings(webhook_max_attempts=2)
+    _, job_id = finished_job(sessions, "http://receiver.test/gone")
+    post = Receiver(410, 404)
+    deliver_due(sessions, settings, post)
+    make_due(sessions)
+    deliver_due(sessions, settings, post)
+    make_due(sessions)
+    assert deliver_due(sessions, settings, post) == 0 and len(post.calls) == 2
+    with sessions() as s:
+        [event] = s.query(WebhookEvent).filter_by(job_id=job_id).all()
+        assert event.attempts == 2
+        assert event.gave_up_at is not None and event.delivered_at is None
+
+
+def test_backoff_doubles_up_to_an_hour() -> None:
+    settings = Settings(webhook_backoff_seconds=5)
+    assert [backoff(settings, n) for n in (1, 2, 3)] == [5, 10, 20]
+    assert backoff(settings, 30) == 3600
