@@ -1,0 +1,195 @@
+"""One command for the day a CUDA machine is at hand: the planner and the engine against real GPUs.
+
+    .venv/bin/python bench/gpu_check.py [--steps 8] [--seq 1024] [--keep DIR]
+
+Builds a ~1.1B-parameter Llama-shaped model locally (random weights, the demo tokenizer, no download),
+then runs short jobs through the real engine (`training.run`, torchrun for FSDP): LoRA, QLoRA, LoRA with
+gradient checkpointing off and on, and LoRA with FSDP over all GPUs. Per config it prints the plan
+(core.planner, on the GPU found) beside torch.cuda.max_memory_allocated / max_memory_reserved (read in
+the training process after it ends, rank 0 for FSDP), tokens/s and MFU (6 x parameters x tokens/s over
+the GPU's dense bf16 peak: the usual estimate, a little high for LoRA, whose frozen weights get no
+weight gradients).
+
+Without CUDA it says so and exits 0 (nothing here can be measured on a CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# ~1.1B parameters (TinyLlama's shape), vocabulary of the demo tokenizer.
+SHAPE = {"hidden_size": 2048, "num_layers": 22, "num_heads": 32, "num_kv_heads": 4, "intermediate_size": 5632}
+CONFIGS: dict[str, dict[str, Any]] = {
+    "lora": {"method": "lora", "gradient_checkpointing": False},
+    "lora+ckpt": {"method": "lora", "gradient_checkpointing": True},
+    "qlora": {"method": "qlora", "gradient_checkpointing": True},
+    "qlora-no-ckpt": {"method": "qlora", "gradient_checkpointing": False},
+    "lora-fsdp": {"method": "lora", "gradient_checkpointing": True, "fsdp": True},
+}
+
+
+def cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def rank_entry(run_json: str) -> int:
+    """Train in this process, then record the CUDA allocator's peaks (rank 0 writes them)."""
+    import torch
+
+    from training.run import main
+
+    code = main([run_json])
+    if os.environ.get("RANK", "0") == "0":
+        out = Path(json.loads(Path(run_json).read_text())["output_dir"]) / "cuda_peaks.json"
+        peaks = {
+            "allocated": torch.cuda.max_memory_allocated(),
+            "reserved": torch.cuda.max_memory_reserved(),
+        }
+        out.write_text(json.dumps(peaks))
+    return code
+
+
+def build_model(models_dir: Path) -> Path:
+    from training.demo import DemoSize, build_demo_model
+
+    size = DemoSize(vocab_size=DemoSize().vocab_size, max_position_embeddings=4096, **SHAPE)
+    return build_demo_model(models_dir, name="gpu-check-1b", size=size)
+
+
+def run_config(
+    name: str, extra: dict[str, Any], model: Path, work: Path, steps: int, seq: int, gpus: int
+) -> dict:  # type: ignore[type-arg]
+    import torch
+
+    from core.arch import load_architecture
+    from core.planner.feasibility import plan_on
+    from core.planner.gpus import resolve_gpu
+    from core.run_protocol import RunConfig, StepRecord, read_records
+    from core.spec import JobSpec
+
+    fsdp = bool(extra.pop("fsdp", False))
+    n = gpus if fsdp else 1
+    spec = JobSpec(
+        base_model="gpu-check-1b",
+        dataset_id="gpucheck01",
+        max_steps=steps,
+        max_seq_len=seq,
+        micro_batch_size=4,
+        checkpoint_every_steps=0,
+        num_gpus=n,
+        packing=True,
+        **extra,
+    )
+    out = work / name
+    config = RunConfig(
+        job_id=name.replace("+", "-"),
+        spec=spec,
+        model_dir=str(model),
+        dataset_path=str(ROOT / "examples" / "alpaca_small.jsonl"),
+        output_dir=str(out),
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    run_json = out / "run.json"
+    run_json.write_text(config.model_dump_json())
+    me = [str(Path(__file__).resolve()), "--rank-entry", str(run_json)]
+    if n == 1:
+        cmd = [sys.executable, *me]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *me]
+    code = subprocess.run(cmd, cwd=ROOT).returncode
+    gpu = resolve_gpu(torch.cuda.get_device_name(0)) if _known(torch.cuda.get_device_name(0)) else None
+    if gpu is None:
+        gpu = resolve_gpu(f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.0f}GB")
+    plan = plan_on(spec, load_architecture(model), gpu)
+    steps_done = [r for r in read_records(out / "metrics.jsonl") if isinstance(r, StepRecord)]
+    tps = steps_done[-1].tokens_per_s if steps_done else None
+    peaks = json.loads((out / "cuda_peaks.json").read_text()) if (out / "cuda_peaks.json").exists() else {}
+    mfu = (6 * plan.total_params * tps / n / gpu.bf16_flops) if tps and gpu.bf16_flops else None
+    return {
+        "config": name,
+        "exit": code,
+        "gpus": n,
+        "plan_allocated_gib": plan.allocated_bytes / 2**30,
+        "plan_total_gib": plan.total_bytes / 2**30,
+        "max_allocated_gib": peaks.get("allocated", 0) / 2**30 or None,
+        "max_reserved_gib": peaks.get("reserved", 0) / 2**30 or None,
+        "tokens_per_s": tps,
+        "mfu": mfu,
+    }
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return format(value, spec) if value is not None else "-".rjust(int(spec.split(".")[0]))
+
+
+def _known(name: str) -> bool:
+    from core.errors import InvalidInput
+    from core.planner.gpus import resolve_gpu
+
+    try:
+        resolve_gpu(name)
+    except InvalidInput:
+        return False
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--keep", type=Path, help="work directory (default: a temporary one)")
+    parser.add_argument("--rank-entry", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank_entry:
+        return rank_entry(args.rank_entry)
+    gpus = cuda_devices()
+    if gpus == 0:
+        print(
+            "gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing to measure. "
+            "Run it on a machine with NVIDIA GPUs and a CUDA build of torch."
+        )
+        return 0
+    work = args.keep or Path(tempfile.mkdtemp(prefix="ftune-gpu-check-"))
+    model = build_model(work / "models")
+    print(
+        f"{'config':14} {'gpus':>4} {'plan alloc':>10} {'max alloc':>10} {'max resv':>9} {'plan total':>10} "
+        f"{'tok/s':>8} {'MFU':>6}"
+    )
+    rows = []
+    for name, extra in CONFIGS.items():
+        if extra.get("fsdp") and gpus < 2:
+            print(f"{name:14} skipped: FSDP needs 2 or more GPUs, this machine has {gpus}")
+            continue
+        row = run_config(name, dict(extra), model, work, args.steps, args.seq, gpus)
+        rows.append(row)
+        cells = [
+            _fmt(row[k], spec)
+            for k, spec in (
+                ("plan_allocated_gib", "10.2f"),
+                ("max_allocated_gib", "10.2f"),
+                ("max_reserved_gib", "9.2f"),
+                ("plan_total_gib", "10.2f"),
+                ("tokens_per_s", "8.0f"),
+                ("mfu", "6.1%"),
+            )
+        ]
+        failed = "" if row["exit"] == 0 else f"  (exit {row['exit']})"
+        print(f"{name:14} {row['gpus']:>4} {' '.join(cells)}{failed}", flush=True)
+    print(json.dumps(rows))
+    return 0 if all(r["exit"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""bench/gpu_check.py's CPU path: without CUDA it says so and exits 0; the model it would build is ~1B."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from core.arch import load_architecture
+from core.planner.feasibility import plan_on
+from core.planner.gpus import resolve_gpu
+from core.spec import JobSpec
+from tests.e2e.stack import REPO
+
+
+def test_without_cuda_it_says_so_and_exits_0() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu_check.py")], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "no CUDA device here" in done.stdout
+
+
+def test_the_model_it_builds_is_llama_shaped_with_about_a_billion_parameters(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    import gpu_check
+
+    from training.demo import DemoSize
+
+    shape = gpu_check.SHAPE
+    config = {
+        "model_type": "llama",
+        "vocab_size": DemoSize().vocab_size,
+        "hidden_size": shape["hidden_size"],
+        "intermediate_size": shape["intermediate_size"],
+        "num_hidden_layers": shape["num_layers"],
+        "num_attention_heads": shape["num_heads"],
+        "num_key_value_heads": shape["num_kv_heads"],
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = JobSpec(base_model="gpu-check-1b", dataset_id="gpucheck01")
+    plan = plan_on(spec, load_architecture(tmp_path), resolve_gpu("A100-80GB"))
+    assert 0.9e9 < plan.total_params < 1.2e9, plan.total_params
