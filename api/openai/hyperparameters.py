@@ -15,7 +15,7 @@ ftune's own settings ride along as extra body fields under their JobSpec names; 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -48,13 +48,14 @@ OPENAI_PARAM = SET_BY_OPENAI
 
 class Hyperparameters(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    n_epochs: int | Auto = Field(default="auto", ge=1, le=100)
-    batch_size: int | Auto = Field(default="auto", ge=1, le=512 * 1024)
-    learning_rate_multiplier: float | Auto = Field(default="auto", gt=0, le=0.1 / DEFAULT_LR)  # lr <= 0.1
+    # Bounds on the numbers only: "auto" is not compared with them.
+    n_epochs: Annotated[int, Field(ge=1, le=100)] | Auto = "auto"
+    batch_size: Annotated[int, Field(ge=1, le=512 * 1024)] | Auto = "auto"
+    learning_rate_multiplier: Annotated[float, Field(gt=0, le=0.1 / DEFAULT_LR)] | Auto = "auto"  # lr <= 0.1
 
 
 class DpoHyperparameters(Hyperparameters):
-    beta: float | Auto = Field(default="auto", gt=0, le=100)
+    beta: Annotated[float, Field(gt=0, le=100)] | Auto = "auto"
 
 
 class Supervised(BaseModel):

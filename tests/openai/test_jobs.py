@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from core import ft_names
+from core.spec import JobSpec
 from models import webhooks as webhooks_db
 from models.db import make_engine, make_session_factory, session_scope
 from models.tenants import create_key
@@ -76,9 +77,22 @@ def stack(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Iterato
 
 
 @pytest.fixture(scope="module")
-def org(stack: Stack) -> Iterator[tuple[openai.OpenAI, httpx.Client, str]]:
+def receiver() -> Iterator[Receiver]:
+    r = Receiver(fails=2)
+    try:
+        yield r
+    finally:
+        r.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def org(stack: Stack, receiver: Receiver) -> Iterator[tuple[openai.OpenAI, httpx.Client, str]]:
+    """The module's main tenant, with a webhook on `receiver` before any of its jobs exists."""
     sdk, native, key = stack.tenant()
     with sdk, native:
+        r = native.post("/webhooks", json={"url": receiver.url})
+        assert r.status_code == 201, r.text
+        receiver.secret = r.json()["secret"]
         yield sdk, native, key
 
 
@@ -258,6 +272,39 @@ def test_pause_then_resume_ends_succeeded_with_the_same_adapter_as_its_twin(
         assert torch.allclose(twin[k], resumed[k], atol=1e-5, rtol=0), k
 
 
+@pytest.mark.skipif("init_from" not in JobSpec.model_fields, reason="JobSpec has no init_from yet")
+def test_continue_from_a_fine_tuned_model(
+    stack: Stack, org: tuple[openai.OpenAI, httpx.Client, str], finished: Any, training_file: str
+) -> None:
+    sdk, native, _ = org
+    job = sdk.fine_tuning.jobs.create(
+        model=finished.fine_tuned_model,
+        training_file=training_file,
+        seed=7,
+        method=SUPERVISED,
+        extra_body={**TINY, "max_steps": 4},  # its first step is the claim
+    )
+    assert job.model == finished.fine_tuned_model
+    spec = native.get(f"/jobs/{job.id}").json()["spec"]
+    assert (spec["init_from"], spec["base_model"]) == (finished.id, "ftune-demo")
+    done = wait_for(sdk, job.id, {"succeeded"})
+    assert done.fine_tuned_model != finished.fine_tuned_model
+    # It starts from the trained adapter: its first step (the same examples, seed 7) has a lower loss.
+    first = native.get(f"/jobs/{finished.id}/metrics").json()["data"][0]["loss"]
+    again = native.get(f"/jobs/{job.id}/metrics").json()["data"][0]["loss"]
+    assert again < first - 0.1, (again, first)
+
+    with pytest.raises(openai.BadRequestError) as e:  # a checkpoint's model: not supported yet
+        sdk.fine_tuning.jobs.create(
+            model=f"{finished.fine_tuned_model}:ckpt-step-30", training_file=training_file
+        )
+    assert e.value.param == "model"
+    other, other_native, _ = stack.tenant()
+    with other, other_native, pytest.raises(openai.BadRequestError) as e:  # another tenant's model
+        other.fine_tuning.jobs.create(model=finished.fine_tuned_model, training_file=training_file)
+    assert (e.value.code, e.value.param) == ("model_not_found", "model")
+
+
 def download_adapter_native(native: httpx.Client, job_id: str, tmp: Path) -> dict[str, torch.Tensor]:
     import tarfile
 
@@ -371,10 +418,18 @@ def test_native_delete_of_datasets_and_finished_jobs(stack: Stack) -> None:
         with pytest.raises(openai.NotFoundError):
             sdk.files.retrieve(file_id)
         assert native.delete(f"/datasets/{file_id}").status_code == 404
+        # Its record stays (the cancelled job names it), and a new job is told it was deleted.
+        assert native.get(f"/datasets/{file_id}").json()["status"] == "deleted"
+        with pytest.raises(openai.BadRequestError) as e:
+            sdk.fine_tuning.jobs.create(model="ftune-demo", training_file=file_id, extra_body=TINY)
+        assert (e.value.code, e.value.param) == ("dataset_deleted", "training_file")
+        assert "deleted" in e.value.message
 
 
 class Receiver:
     """A real local HTTP server that fails the first `fails` attempts of every webhook-id with a 500."""
+
+    secret = ""
 
     def __init__(self, fails: int) -> None:
         self.received: list[tuple[dict[str, str], bytes, int]] = []  # headers, body, status answered
@@ -409,63 +464,59 @@ class Receiver:
             return out
 
 
-def test_webhooks_signed_retried_and_delivered_once_per_id(stack: Stack) -> None:
-    receiver = Receiver(fails=2)
-    sdk, native, _ = stack.tenant()
-    try:
-        with sdk, native, (EXAMPLES / "alpaca_small.jsonl").open("rb") as f:
-            r = native.post("/webhooks", json={"url": receiver.url})
-            assert r.status_code == 201, r.text
-            secret = r.json()["secret"]
-            assert secret.startswith("whsec_")
-            assert "secret" not in native.get("/webhooks").json()[0]  # shown once
-            assert native.post("/webhooks", json={"url": "ftp://x"}).status_code == 422
+def test_webhooks_signed_retried_and_delivered_once_per_id(
+    stack: Stack, org: tuple[openai.OpenAI, httpx.Client, str], receiver: Receiver, finished: Any
+) -> None:
+    """Every finished job of the module's tenant (succeeded, cancelled) was announced to its webhook, a
+    real local server that refused the first two attempts of every event."""
+    sdk, native, _ = org
+    secret = receiver.secret
+    assert secret.startswith("whsec_")
+    hooks = native.get("/webhooks").json()
+    assert [h["url"] for h in hooks] == [receiver.url] and "secret" not in hooks[0]  # shown once
+    assert native.post("/webhooks", json={"url": "ftp://x"}).status_code == 422
+    cancelled = sdk.fine_tuning.jobs.create(
+        model="ftune-demo", training_file=finished.training_file, extra_body=TINY
+    )
+    sdk.fine_tuning.jobs.cancel(cancelled.id)
 
-            file_id = sdk.files.create(file=f, purpose="fine-tune").id
-            cancelled = sdk.fine_tuning.jobs.create(
-                model="ftune-demo", training_file=file_id, extra_body=TINY
-            )
-            sdk.fine_tuning.jobs.cancel(cancelled.id)
-            succeeded = sdk.fine_tuning.jobs.create(
-                model="ftune-demo", training_file=file_id, extra_body={**TINY, "max_steps": 2}
-            )
-            wait_for(sdk, cancelled.id, {"cancelled"})
-            wait_for(sdk, succeeded.id, {"succeeded"})
-            deadline = time.monotonic() + 120
-            while len([n for n in receiver.accepted().values() if n]) < 2:
-                assert time.monotonic() < deadline, receiver.received
-                time.sleep(0.2)
-            time.sleep(3)  # several delivery passes later: nothing more arrives for an accepted event
+    ended = {
+        j.id: wait_for(sdk, j.id, {"succeeded", "cancelled"}).status for j in sdk.fine_tuning.jobs.list()
+    }
+    assert {"succeeded", "cancelled"} <= set(ended.values())
+    deadline = time.monotonic() + 120
+    while sum(1 for n in receiver.accepted().values() if n) < len(ended):
+        assert time.monotonic() < deadline, receiver.received
+        time.sleep(0.2)
+    time.sleep(3)  # several delivery passes later: nothing more arrives for an accepted event
 
-        verifier = openai.OpenAI(api_key="unused", webhook_secret=secret)
-        events = {}
-        for headers, body, _ in receiver.received:  # every attempt verifies, failed ones too
-            event = verifier.webhooks.unwrap(body, headers)
-            assert event.id == headers["webhook-id"]
-            events[event.id] = (event.type, event.data.id)
-        assert sorted(events.values()) == sorted(
-            [("fine_tuning.job.cancelled", cancelled.id), ("fine_tuning.job.succeeded", succeeded.id)]
+    verifier = openai.OpenAI(api_key="unused", webhook_secret=secret)
+    events = {}
+    for headers, body, _ in receiver.received:  # every attempt verifies, refused ones too
+        event = verifier.webhooks.unwrap(body, headers)
+        assert event.id == headers["webhook-id"]
+        events[event.id] = (event.type, event.data.id)
+    assert sorted(events.values()) == sorted(
+        (f"fine_tuning.job.{st}", job_id) for job_id, st in ended.items()
+    )
+    assert receiver.accepted() == {event_id: 1 for event_id in events}  # exactly once per id
+    assert len(receiver.received) == 3 * len(events)  # two refused attempts, then the accepted one
+
+    headers, body, _ = receiver.received[-1]
+    tampered = json.loads(body)
+    tampered["data"]["id"] = "0" * 32
+    with pytest.raises(openai.InvalidWebhookSignatureError):
+        verifier.webhooks.unwrap(json.dumps(tampered), headers)
+    with pytest.raises(openai.InvalidWebhookSignatureError):
+        openai.OpenAI(api_key="unused", webhook_secret=webhooks_db.new_secret()).webhooks.unwrap(
+            body, headers
         )
-        assert receiver.accepted() == {event_id: 1 for event_id in events}  # exactly once per id
-        assert len(receiver.received) == 3 * len(events)  # two refused attempts, then the accepted one
 
-        headers, body, _ = receiver.received[-1]
-        tampered = json.loads(body)
-        tampered["data"]["id"] = "0" * 32
-        with pytest.raises(openai.InvalidWebhookSignatureError):
-            verifier.webhooks.unwrap(json.dumps(tampered), headers)
-        with pytest.raises(openai.InvalidWebhookSignatureError):
-            openai.OpenAI(api_key="unused", webhook_secret=webhooks_db.new_secret()).webhooks.unwrap(
-                body, headers
-            )
-
-        engine = make_engine(stack.database_url)  # every attempt is recorded
-        try:
-            with make_session_factory(engine)() as s:
-                for event_id in events:
-                    attempts = webhooks_db.deliveries(s, event_id)
-                    assert [(a.attempt, a.status_code) for a in attempts] == [(1, 500), (2, 500), (3, 200)]
-        finally:
-            engine.dispose()
+    engine = make_engine(stack.database_url)  # every attempt is recorded
+    try:
+        with make_session_factory(engine)() as s:
+            for event_id in events:
+                attempts = webhooks_db.deliveries(s, event_id)
+                assert [(a.attempt, a.status_code) for a in attempts] == [(1, 500), (2, 500), (3, 200)]
     finally:
-        receiver.server.shutdown()
+        engine.dispose()
