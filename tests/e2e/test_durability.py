@@ -209,7 +209,8 @@ def test_redelivered_message_trains_once(cluster: Cluster, dataset_id: str) -> N
     job = cluster.job(job_id)
     assert job["status"] == "succeeded" and job["attempt"] == 1
     assert [e["kind"] for e in cluster.events(job_id)].count("started") == 1
-    assert cluster.workers[0].log.read_text().count("is not claimable") >= 2
+    # each wake-up claims by the fair policy; the duplicates find nothing queued it can run
+    assert cluster.workers[0].log.read_text().count("no queued job this worker can run") >= 2
 
 
 def test_always_crashing_job_fails_after_max_attempts(
