@@ -22,7 +22,19 @@ from api.deps import Services
 from api.metrics import LatencyMiddleware, new_registry
 from api.queue import broker_publishers
 from api.ratelimit import RateLimiter
-from api.routes import dashboard, datasets, health, jobs, live, metrics, models, plan, workers
+from api.routes import (
+    checkpoints,
+    dashboard,
+    datasets,
+    health,
+    jobs,
+    live,
+    metrics,
+    models,
+    plan,
+    webhooks,
+    workers,
+)
 from core.catalog import Catalog
 from core.settings import Settings, get_settings
 from core.storage import Storage
@@ -111,7 +123,21 @@ def create_app(
     errors.install(app)
     app.state.metrics_registry, latency = new_registry(sessions, services.catalog)
     app.add_middleware(LatencyMiddleware, latency=latency)
-    for module in (health, datasets, jobs, live, plan, models, workers, dashboard, metrics, openai):
+    routers = (
+        health,
+        datasets,
+        jobs,
+        checkpoints,
+        live,
+        plan,
+        models,
+        workers,
+        webhooks,
+        dashboard,
+        metrics,
+        openai,
+    )
+    for module in routers:
         app.include_router(module.router)
     uploads = {("POST", "/datasets"), ("POST", "/v1/files")}  # streamed to disk under their own limits
     app.add_middleware(BodySizeLimit, max_bytes=MAX_JSON_BODY_BYTES, exempt=uploads)

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from core.data.token_stats import PENDING, TokenStats, needs_attention, summary
 from core.spec import ID_RE, JobSpec
-from core.states import OWNED, JobStatus
+from core.states import OWNED, TERMINAL, JobStatus
 from models.pagination import newest_first, page
 from models.tables import Artifact, Job, JobEvent, utcnow
 from models.transitions import add_event, transition
@@ -345,3 +345,21 @@ def find_artifact(session: Session, job_id: str, kind: str) -> Artifact | None:
         .order_by(Artifact.created_at.desc())
         .limit(1)
     )
+
+
+def mark_deleted(session: Session, *, job_id: str) -> bool:
+    """Mark a finished job deleted and drop its artifact rows (the caller removes the files after the
+    commit); the job's row and events stay. False if it is not finished (nothing changed)."""
+    finished = [status.value for status in TERMINAL]
+    done = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(finished), Job.deleted_at.is_(None))
+        .values(deleted_at=utcnow())
+    )
+    if not done.rowcount:  # type: ignore[attr-defined]
+        job = session.get(Job, job_id)
+        return job is not None and job.deleted_at is not None  # deleted already: the same outcome
+    for art in session.scalars(select(Artifact).where(Artifact.job_id == job_id)):
+        session.delete(art)
+    add_event(session, job_id=job_id, kind="deleted", message="job files deleted; the record is kept")
+    return True

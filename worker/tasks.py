@@ -14,10 +14,11 @@ from core.settings import get_settings
 from models import workers as workers_db
 from models.db import make_engine, make_session_factory, session_scope
 from worker import runner
-from worker.celery_app import QUEUE, REAP, RUN_JOB, app
+from worker.celery_app import DELIVER_WEBHOOKS, QUEUE, REAP, RUN_JOB, app
 from worker.dispatch import pass_on, refresh_waiting
 from worker.reaper import reap, release_predecessor
 from worker.token_stats import compute_and_store, subprocess_compute
+from worker.webhooks import deliver_due
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,13 @@ def reap_now() -> dict[str, int]:
     return reap(r.sessions, r.enqueue, _queue_depth, r.settings.resend_after_seconds)
 
 
+@app.task(name=DELIVER_WEBHOOKS)
+def deliver_webhooks() -> int:
+    """Send the webhook events that are due (the outbox); every worker's tick runs this too."""
+    r = _runner()
+    return deliver_due(r.sessions, r.settings)
+
+
 def _tick() -> None:
     r = _runner()
     if _in_fleet.is_set():
@@ -87,6 +95,7 @@ def _tick() -> None:
             workers_db.heartbeat(s, r.me)
         _fleet_pass()  # a job no live worker fits says why (the fleet may have changed)
     reap_now()
+    deliver_webhooks()
 
 
 def _tick_forever(stop: threading.Event, interval: float) -> None:

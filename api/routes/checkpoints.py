@@ -1,0 +1,66 @@
+"""A kept checkpoint of a job, downloadable: GET /jobs/{id}/checkpoints/{step} (the /v1 checkpoints list
+names them). The whole state as training saved it: adapter.safetensors (the trainable weights by
+parameter name), optimizer.safetensors, rng.safetensors and state.json; nothing pickled."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+
+from api.auth import PrincipalDep, scope
+from api.deps import ServicesDep, SessionDep
+from api.responses import AUTHED, errors
+from core.errors import NotFound
+from models import jobs as jobs_db
+from models import openai_jobs
+
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(*AUTHED))
+
+
+def _tar_gz(directory: Path, name: str) -> Iterator[bytes]:
+    """The directory's files as a .tar.gz under `name`/, a file at a time (never the whole archive held)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w|gz") as tar:
+        for path in sorted(p for p in directory.iterdir() if p.is_file()):
+            tar.add(path, arcname=f"{name}/{path.name}")
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+    yield buffer.getvalue()
+
+
+@router.get(
+    "/{job_id}/checkpoints/{step}",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/gzip": {}}, "description": "checkpoint .tar.gz"},
+        **errors(404),
+    },
+)
+def download_checkpoint(
+    job_id: str, step: int, session: SessionDep, services: ServicesDep, principal: PrincipalDep
+) -> StreamingResponse:
+    job = jobs_db.get_job(session, job_id, scope(principal))
+    if job is None:
+        raise NotFound(f"job {job_id!r} not found", code="job_not_found", param="job_id")
+    job_dir = services.storage.job_dir(job.id)
+    kept = [a for a in openai_jobs.checkpoints(session, job.id) if a.step == step]
+    path = job_dir / kept[0].relpath if kept else None
+    # relpath was written by the worker under the job's directory; checked again before reading.
+    if path is None or not path.resolve().is_relative_to(job_dir.resolve()) or not path.is_dir():
+        raise NotFound(
+            f"job {job_id} keeps no checkpoint at step {step} (see keep_checkpoints)",
+            code="checkpoint_not_found",
+            param="step",
+        )
+    name = f"ftune-checkpoint-{job.id}-step-{step}"
+    return StreamingResponse(
+        _tar_gz(path, name),
+        media_type="application/gzip",
+        headers={"Content-Disposition": f'attachment; filename="{name}.tar.gz"'},
+    )
