@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import signal
+import tarfile
 import threading
 import time
 import uuid
@@ -185,6 +186,19 @@ def test_create_with_suffix_metadata_and_ftune_settings_until_succeeded(
         assert c.fine_tuned_model_checkpoint == f"{job.fine_tuned_model}:ckpt-step-{c.step_number}"
         assert c.metrics.train_loss == by_step[c.step_number]
 
+    # Each listed checkpoint downloads natively: the whole state as training saved it, safetensors only.
+    last = checkpoints[-1].step_number
+    r = native.get(f"/jobs/{job.id}/checkpoints/{last}")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/gzip", r.text
+    with tarfile.open(fileobj=io.BytesIO(r.content)) as tar:
+        names = {Path(n).name for n in tar.getnames()}
+        assert {"adapter.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json"} == names
+        state = json.loads(tar.extractfile(f"ftune-checkpoint-{job.id}-step-{last}/state.json").read())  # type: ignore[union-attr]
+        assert state["position"]["step"] == last
+    gone = [s for s in saved if s not in {c.step_number for c in checkpoints}]
+    r = native.get(f"/jobs/{job.id}/checkpoints/{gone[0]}")  # pruned by keep_checkpoints
+    assert r.status_code == 404 and r.json()["error"]["code"] == "checkpoint_not_found"
+
     # The result file: a CSV of the metrics per step.
     [result_id] = job.result_files
     meta = sdk.files.retrieve(result_id)
@@ -306,7 +320,6 @@ def test_continue_from_a_fine_tuned_model(
 
 
 def download_adapter_native(native: httpx.Client, job_id: str, tmp: Path) -> dict[str, torch.Tensor]:
-    import tarfile
 
     r = native.get(f"/jobs/{job_id}/adapter")
     assert r.status_code == 200, r.text
