@@ -106,6 +106,10 @@ def _create(body: CreateJobRequest, services: Services, principal: Principal) ->
     except FtuneError as e:  # admission names JobSpec's fields; the caller sent OpenAI's
         if e.code != "duplicate_parameter":  # that one names the extra field the caller sent
             e.param = OPENAI_PARAM.get(e.param or "", e.param)
+        if e.code == "dataset_not_found":  # missing, or another organization's: 404 as OpenAI answers
+            raise NotFound(
+                f"no such file in this organization ({e.param})", code="file_not_found", param=e.param
+            ) from e
         raise
     return JSONResponse(job_object(job, services.storage).model_dump(mode="json"))
 

@@ -362,8 +362,8 @@ def test_error_classes(
     bad = sdk.files.create(file=("bad.jsonl", b'{"instruction": "no output"}\n'), purpose="fine-tune")
     e = refused(openai.BadRequestError, training_file=bad.id)
     assert (e.code, e.param) == ("dataset_invalid", "training_file")
-    e = refused(openai.BadRequestError, training_file="0" * 32)
-    assert (e.code, e.param) == ("dataset_not_found", "training_file")
+    e = refused(openai.NotFoundError, training_file="0" * 32)
+    assert (e.code, e.param) == ("file_not_found", "training_file")
     e = refused(openai.BadRequestError, model="no-such-model")
     assert (e.code, e.param) == ("model_not_found", "model")
     e = refused(openai.BadRequestError, model=f"ft:ftune-demo:x::{'1' * 32}")
@@ -393,6 +393,9 @@ def test_error_classes(
     with other, other_native:
         with pytest.raises(openai.NotFoundError):
             other.files.retrieve(training_file)
+        with pytest.raises(openai.NotFoundError) as theirs_file:
+            other.fine_tuning.jobs.create(model="ftune-demo", training_file=training_file, extra_body=TINY)
+        assert theirs_file.value.param == "training_file"
         mine = jobs.create(model="ftune-demo", training_file=training_file, extra_body=TINY).id
         jobs.cancel(mine)
         theirs = other.fine_tuning.jobs
