@@ -3,15 +3,18 @@
     .venv/bin/python bench/train_throughput.py [--steps 3] [--batch 4] [--seq-len 256]
 
 For the demo model (~5M params) and a ~50M-param Llama config, LoRA and QLoRA, activation
-checkpointing off and on: tokens/s over timed optimizer steps, the CPU peak memory of one step
-(training.memory, see there for what it counts), and the achieved model FLOP/s as a fraction of the
-fp32 matmul FLOP/s this machine reaches in the same run.
+checkpointing off and on, SFT and DPO (objective dpo: a micro-batch of batch / 2 preference pairs, so
+the same batch x seq-len tokens as SFT's, each side a quarter prompt and three quarters reply; the
+reference forward, the adapter disabled, runs in every step): tokens/s over timed optimizer steps, the
+CPU peak memory of one step (training.memory, see there for what it counts), and the achieved model
+FLOP/s as a fraction of the fp32 matmul FLOP/s this machine reaches in the same run.
 
 Model FLOPs per token follow the usual convention (PaLM, appendix B) adapted to LoRA, where the
 frozen weights need no weight gradients: 2N forward + 2N backward (input gradients only)
 + 12 * layers * hidden * seq for attention scores (forward and backward); N counts the matmul
 weights (embeddings excluded, lm_head included). Recomputation under checkpointing is not useful
-work, so it lowers the fraction rather than adding to it.
+work, so it lowers the fraction rather than adding to it. DPO's reference forward is: it adds a forward,
+2N + 4 * layers * hidden * seq per token.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core.spec import JobSpec
 from training.data import Tokenized
 from training.demo import DemoSize, build_demo_model
+from training.dpo import train_step as dpo_train_step
 from training.memory import PeakMemory, model_state_tensors
 from training.model import load_model, trainable_parameters
+from training.preference import Pair
 from training.step import Parts, make_optimizer, train_step
 
 SIZES = {
@@ -54,21 +59,26 @@ def matmul_flops(n: int = 1024, seconds: float = 2.0) -> float:
     return 2 * n**3 * count / (time.perf_counter() - start)
 
 
-def model_flops_per_token(config, seq: int) -> float:
+def model_flops_per_token(config, seq: int, reference: bool = False) -> float:
     h, L = config.hidden_size, config.num_hidden_layers
     kv = config.num_key_value_heads * (h // config.num_attention_heads)
     per_layer = 2 * h * h + 2 * h * kv + 3 * h * config.intermediate_size
     n = L * per_layer + h * config.vocab_size  # + lm_head
-    return 4 * n + 12 * L * h * seq
+    return 4 * n + 12 * L * h * seq + ((2 * n + 4 * L * h * seq) if reference else 0)
 
 
-def bench_one(model_dir: Path, method: str, ckpt: bool, args: argparse.Namespace) -> dict:
+def bench_one(
+    model_dir: Path, method: str, ckpt: bool, args: argparse.Namespace, objective: str = "sft"
+) -> dict:
+    dpo = objective == "dpo"
+    per_step = args.batch // 2 if dpo else args.batch  # pairs (two sequences each) or examples
     spec = JobSpec(
+        objective=objective,
         base_model="bench",
         dataset_id="benchmark01",
         method=method,
         gradient_checkpointing=ckpt,
-        micro_batch_size=args.batch,
+        micro_batch_size=per_step,
         gradient_accumulation_steps=1,
         max_seq_len=args.seq_len,
         lora_r=16,
@@ -80,24 +90,36 @@ def bench_one(model_dir: Path, method: str, ckpt: bool, args: argparse.Namespace
     params = [p for _, p in trainable_parameters(model)]
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(10, 3000, (args.batch * (args.steps + 2), args.seq_len), generator=gen).tolist()
-    items = [Tokenized(row, row) for row in ids]
+    items: list = [Tokenized(row, row) for row in ids]
+    step_fn = train_step
+    if dpo:  # pairs of two rows sharing a prompt: a quarter prompt, then two different replies
+        cut = args.seq_len // 4
+        items = [
+            Pair(
+                Tokenized(a, [-100] * cut + a[cut:]),
+                Tokenized(a[:cut] + b[cut:], [-100] * cut + b[cut:]),
+                cut,
+            )
+            for a, b in zip(ids[0::2], ids[1::2], strict=True)
+        ]
+        step_fn = dpo_train_step  # type: ignore[assignment]
     parts = Parts(spec, model, make_optimizer(spec, params), params, torch.device("cpu"))
-    steps = iter([[i] for i in range(k * args.batch, (k + 1) * args.batch)] for k in range(args.steps + 2))
+    steps = iter([[i] for i in range(k * per_step, (k + 1) * per_step)] for k in range(args.steps + 2))
     tracker = PeakMemory(torch.device("cpu"), measured_steps=1)
     model.train()
-    train_step(parts, items, 0, next(steps), lr=spec.learning_rate)  # warm-up: allocations, optimizer states
+    step_fn(parts, items, 0, next(steps), lr=spec.learning_rate)  # warm-up: allocations, optimizer states
     with tracker.step(model_state_tensors(model, parts.optimizer)):
-        train_step(parts, items, 0, next(steps), lr=spec.learning_rate)
+        step_fn(parts, items, 0, next(steps), lr=spec.learning_rate)
     start = time.perf_counter()
     for _ in range(args.steps):
-        train_step(parts, items, 0, next(steps), lr=spec.learning_rate)
+        step_fn(parts, items, 0, next(steps), lr=spec.learning_rate)
     seconds = (time.perf_counter() - start) / args.steps
     tokens = args.batch * args.seq_len
     return {
         "tok_s": tokens / seconds,
         "step_s": seconds,
         "peak": tracker.peak_bytes,
-        "flops": model_flops_per_token(model.config, args.seq_len) * tokens / seconds,
+        "flops": model_flops_per_token(model.config, args.seq_len, reference=dpo) * tokens / seconds,
         "trainable": sum(p.numel() for p in params),
         "params": sum(_logical_numel(p) for p in model.parameters() if not p.requires_grad),
     }
@@ -114,6 +136,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--models", nargs="*", default=list(SIZES))
+    parser.add_argument("--objectives", nargs="*", default=["sft", "dpo"], choices=["sft", "dpo"])
     args = parser.parse_args()
 
     from transformers.utils import logging as hf_logging
@@ -124,9 +147,12 @@ def main() -> None:
     peak_flops = matmul_flops()
     threads = torch.get_num_threads()
     print(f"torch {torch.__version__}, {threads} threads, fp32 matmul {peak_flops / 1e9:.1f} GFLOP/s")
-    print(f"micro-batch {args.batch} x {args.seq_len} tokens, {args.steps} timed steps per row\n")
+    print(
+        f"micro-batch {args.batch} x {args.seq_len} tokens (dpo: {args.batch // 2} pairs), "
+        f"{args.steps} timed steps per row\n"
+    )
     header = (
-        f"{'model':<10} {'method':<6} {'ckpt':<4} {'params':>7} {'tok/s':>8} {'s/step':>7}"
+        f"{'model':<10} {'method':<6} {'ckpt':<4} {'obj':<4} {'params':>7} {'tok/s':>8} {'s/step':>7}"
         f" {'peak MiB':>9} {'GFLOP/s':>8} {'mm GF/s':>8} {'of peak':>7}"
     )
     print(header)
@@ -136,16 +162,18 @@ def main() -> None:
             model_dir = build_demo_model(Path(tmp), name=name, size=SIZES[name])
             for method in ("lora", "qlora"):
                 for ckpt in (False, True):
-                    # The machine may be shared: take the matmul peak next to each row, not once.
-                    before = matmul_flops(seconds=0.5)
-                    r = bench_one(model_dir, method, ckpt, args)
-                    peak_flops = max(before, matmul_flops(seconds=0.5))
-                    print(
-                        f"{name:<10} {method:<6} {'on' if ckpt else 'off':<4} {r['params'] / 1e6:>6.1f}M"
-                        f" {r['tok_s']:>8.0f} {r['step_s']:>7.2f} {r['peak'] / 2**20:>9.1f}"
-                        f" {r['flops'] / 1e9:>8.1f} {peak_flops / 1e9:>8.1f} {r['flops'] / peak_flops:>7.1%}",
-                        flush=True,
-                    )
+                    for objective in args.objectives:
+                        # The machine may be shared: take the matmul peak next to each row, not once.
+                        before = matmul_flops(seconds=0.5)
+                        r = bench_one(model_dir, method, ckpt, args, objective)
+                        peak_flops = max(before, matmul_flops(seconds=0.5))
+                        print(
+                            f"{name:<10} {method:<6} {'on' if ckpt else 'off':<4} {objective:<4}"
+                            f" {r['params'] / 1e6:>6.1f}M {r['tok_s']:>8.0f} {r['step_s']:>7.2f}"
+                            f" {r['peak'] / 2**20:>9.1f} {r['flops'] / 1e9:>8.1f} {peak_flops / 1e9:>8.1f}"
+                            f" {r['flops'] / peak_flops:>7.1%}",
+                            flush=True,
+                        )
     print("\nof peak: model FLOP/s / max(fp32 matmul FLOP/s measured just before and just after the row)")
 
 

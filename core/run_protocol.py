@@ -6,7 +6,8 @@ exit code below; on failure it also writes output_dir/error.json ({"code", "mess
 
 Records, in order of appearance (typed below, told apart by "type"):
   start       once per attempt: totals, the data's token statistics, resumed_from_step
-  step        one per optimizer step: loss, lr, grad norm, tokens, speed, ETA, peak memory
+  step        one per optimizer step: loss, lr, grad norm, tokens, speed, ETA, peak memory (dpo: rewards,
+              reward accuracy and margin, log-probs)
   eval        after an evaluation: eval loss and token accuracy, the best so far
   checkpoint  after a checkpoint is complete on disk
   stopped     after a stop request (SIGTERM), last: the run saved a checkpoint and will resume
@@ -51,6 +52,8 @@ class RunConfig(BaseModel):
     # spec.validation_dataset_id's file and column mapping, when the spec names one.
     validation_path: str | None = None
     validation_column_mapping: dict[str, str] | None = None
+    # spec.init_from's adapter directory (the earlier job's output adapter/), resolved by the worker.
+    init_adapter_dir: str | None = None
 
 
 class _Record(BaseModel):
@@ -84,6 +87,15 @@ class StepRecord(_Record):
     elapsed_s: float  # training time so far, summed over resumed attempts
     eta_s: float | None = None
     peak_mem_bytes: int | None = None
+    # objective dpo (training.dpo), means over the step's pairs: rewards (beta x the log-prob ratio to
+    # the reference; simpo: beta x the mean token log-prob), the share of pairs whose chosen reward is
+    # higher, and the completions' summed log-probs. Absent for sft.
+    rewards_chosen: float | None = None
+    rewards_rejected: float | None = None
+    rewards_margin: float | None = None
+    rewards_accuracy: float | None = None
+    logps_chosen: float | None = None
+    logps_rejected: float | None = None
 
 
 class EvalRecord(_Record):
@@ -93,6 +105,13 @@ class EvalRecord(_Record):
     eval_token_accuracy: float | None = None
     eval_tokens: int | None = None
     best_eval_loss: float | None = None
+    # objective dpo: as on StepRecord, over the validation pairs (eval_loss is their DPO loss)
+    rewards_chosen: float | None = None
+    rewards_rejected: float | None = None
+    rewards_margin: float | None = None
+    rewards_accuracy: float | None = None
+    logps_chosen: float | None = None
+    logps_rejected: float | None = None
 
 
 class CheckpointRecord(_Record):

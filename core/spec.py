@@ -32,6 +32,10 @@ TorchDtype = Literal["auto", "float32", "bfloat16", "float16"]
 MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
 AttnImpl = Literal["sdpa", "eager", "flash_attention_2"]
 OverLength = Literal["truncate", "drop"]
+Objective = Literal["sft", "dpo"]
+LossType = Literal["sigmoid", "ipo", "simpo"]
+# Fields for objective "dpo" only: a value other than the default is refused with "sft".
+DPO_FIELDS = ("beta", "loss_type", "simpo_gamma", "rpo_alpha")
 
 
 class JobSpec(BaseModel):
@@ -65,6 +69,28 @@ class JobSpec(BaseModel):
         True,
         description="Pack examples into padding-free micro-batches of up to micro_batch_size * max_seq_len "
         "tokens, attention per example; false: padded, length-grouped micro-batches of micro_batch_size.",
+    )
+
+    # Preference tuning (README "Preference tuning (DPO)"): the objective, its loss and its reference.
+    objective: Objective = Field(
+        "sft",
+        description="sft: next-token loss on the targets; dpo: preference pairs (a preference dataset).",
+    )
+    beta: float = Field(
+        0.1, gt=0, le=100, description="dpo: how far from the reference (sigmoid, simpo), IPO's tau (ipo)."
+    )
+    loss_type: LossType = Field(
+        "sigmoid",
+        description="dpo: sigmoid (the DPO paper), ipo, or simpo (reference-free, length-normalised).",
+    )
+    simpo_gamma: float = Field(0.5, ge=0, le=100, description="simpo: the target reward margin gamma.")
+    rpo_alpha: float = Field(
+        0.0, ge=0, le=100, description="dpo: weight of an added NLL term on the chosen completions (RPO)."
+    )
+    init_from: str | None = Field(
+        None,
+        description="Continue from the adapter of an earlier succeeded job of the same tenant and base "
+        "model (its id); with dpo that adapter, frozen, is also the reference policy.",
     )
 
     learning_rate: float = Field(2e-4, gt=0, le=0.1)
@@ -133,6 +159,37 @@ class JobSpec(BaseModel):
             raise ValueError("must be a dataset id returned by POST /datasets")
         return v
 
+    @field_validator("init_from")
+    @classmethod
+    def _init_from(cls, v: str | None) -> str | None:
+        if v is not None and not ID_RE.match(v):
+            raise ValueError("must be the id of an earlier job (GET /jobs)")
+        return v
+
+    @model_validator(mode="after")
+    def _objective_fields(self) -> JobSpec:
+        if self.objective == "sft":
+            # Only values other than the defaults (a spec read back from JSON has every field set).
+            odd = [f for f in DPO_FIELDS if getattr(self, f) != _DEFAULTS[f]]
+            if odd:
+                raise ValueError(f"{', '.join(odd)} apply to objective 'dpo' only")
+            return self
+        if self.train_on_inputs:
+            raise ValueError("train_on_inputs applies to objective 'sft' only (dpo trains the completions)")
+        if self.simpo_gamma != _DEFAULTS["simpo_gamma"] and self.loss_type != "simpo":
+            raise ValueError("simpo_gamma applies to loss_type 'simpo' only")
+        return self
+
+    @property
+    def uses_reference(self) -> bool:
+        """DPO's sigmoid and ipo losses compare with a reference policy; simpo and sft have none."""
+        return self.objective == "dpo" and self.loss_type != "simpo"
+
+    @property
+    def sequences_per_example(self) -> int:
+        """A preference pair is two sequences (prompt + chosen, prompt + rejected)."""
+        return 2 if self.objective == "dpo" else 1
+
     @model_validator(mode="after")
     def _one_validation_source(self) -> JobSpec:
         if self.validation_fraction and self.validation_dataset_id:
@@ -171,3 +228,6 @@ class JobSpec(BaseModel):
     @property
     def effective_batch_size(self) -> int:
         return self.micro_batch_size * self.gradient_accumulation_steps * self.num_gpus
+
+
+_DEFAULTS = {f: JobSpec.model_fields[f].default for f in DPO_FIELDS}

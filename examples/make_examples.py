@@ -1,4 +1,5 @@
-"""Write examples/alpaca_small.jsonl and examples/chat_small.jsonl (deterministic: same output every run).
+"""Write examples/alpaca_small.jsonl, examples/chat_small.jsonl and examples/preference_small.jsonl
+(deterministic: same output every run).
 
 .venv/bin/python examples/make_examples.py
 """
@@ -178,6 +179,39 @@ def chat(rng: random.Random) -> list[dict[str, Any]]:
     return rows
 
 
+def preference(rng: random.Random) -> list[dict[str, Any]]:
+    """Preference pairs in OpenAI's format: a question, a correct short answer (preferred) and a wrong or
+    unhelpful one (non-preferred)."""
+    rows: list[dict[str, Any]] = []
+
+    def pair(question: str, good: str, bad: str, system: str | None = None) -> None:
+        msgs = [turn("system", system)] if system else []
+        rows.append(
+            {
+                "input": {"messages": [*msgs, turn("user", question)]},
+                "preferred_output": [turn("assistant", good)],
+                "non_preferred_output": [turn("assistant", bad)],
+            }
+        )
+
+    for i, (country, capital) in enumerate(CAPITALS):
+        wrong = CAPITALS[(i + 5) % len(CAPITALS)][1]
+        system = "You answer geography questions in one short sentence." if rng.random() < 0.3 else None
+        pair(f"What is the capital of {country}?", f"The capital of {country} is {capital}.",
+             f"The capital of {country} is {wrong}.", system)  # fmt: skip
+    for i, (word, opposite) in enumerate(OPPOSITES):
+        wrong = OPPOSITES[(i + 3) % len(OPPOSITES)][1]
+        pair(f"What is the opposite of {word}?", f"The opposite of {word} is {opposite}.",
+             f"The opposite of {word} is {wrong}.")  # fmt: skip
+    for word, plural in PLURALS:
+        pair(f"What is the plural of {word}?", f"The plural of {word} is {plural}.",
+             "I would rather not say.")  # fmt: skip
+    for question, answer in FACTS[:20]:
+        pair(question, answer, "I don't know, look it up yourself.")
+    rng.shuffle(rows)
+    return rows
+
+
 def write(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     print(f"wrote {len(rows)} examples to {path}")
@@ -186,6 +220,7 @@ def write(path: Path, rows: list[dict[str, Any]]) -> None:
 def main() -> None:
     write(HERE / "alpaca_small.jsonl", alpaca(random.Random(7)))
     write(HERE / "chat_small.jsonl", chat(random.Random(11)))
+    write(HERE / "preference_small.jsonl", preference(random.Random(13)))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Admission of a job spec: references exist, the method is runnable here, and it fits the fleet."""
+"""Admission of a job spec: references exist (datasets of the kind the objective trains, the job it
+continues from), the method is runnable here, and it fits the fleet."""
 
 from __future__ import annotations
 
@@ -9,21 +10,32 @@ from sqlalchemy.orm import Session
 
 from core.arch import load_architecture
 from core.catalog import Catalog
+from core.data.examples import kind_of
 from core.errors import InvalidInput, NotFound, Unsupported
 from core.planner import Plan
 from core.planner.feasibility import plan_for_fleet, plan_on, require_fits, tokens_per_epoch
 from core.planner.gpus import resolve_gpu
 from core.planner.sharding import fsdp_problem
 from core.spec import JobSpec
+from core.states import JobStatus
 from models import datasets as datasets_db
+from models import jobs as jobs_db
 from models import workers as workers_db
-from models.tables import Dataset
+from models.tables import Dataset, Job
 
 log = logging.getLogger(__name__)
 
 
-def check_dataset(session: Session, *, dataset_id: str, tenant_id: str, param: str = "dataset_id") -> Dataset:
-    """The caller's own valid dataset (even an admin trains only on its own tenant's data)."""
+def check_dataset(
+    session: Session,
+    *,
+    dataset_id: str,
+    tenant_id: str,
+    param: str = "dataset_id",
+    objective: str | None = None,
+) -> Dataset:
+    """The caller's own valid dataset (even an admin trains only on its own tenant's data), of the kind
+    `objective` trains (when given): preference pairs for dpo, examples for sft."""
     ds = datasets_db.get_dataset(session, dataset_id, tenant_id)
     if ds is None:
         raise InvalidInput(
@@ -43,7 +55,69 @@ def check_dataset(session: Session, *, dataset_id: str, tenant_id: str, param: s
             code="dataset_invalid",
             param=param,
         )
+    kind = kind_of(ds.format)
+    if objective == "sft" and kind == "preference":
+        raise InvalidInput(
+            f"dataset {dataset_id!r} holds preference pairs (format {ds.format!r}): train it with "
+            "objective 'dpo', or upload chat, instruction, prompt_completion or text examples for sft",
+            code="dataset_is_preference",
+            param=param,
+        )
+    if objective == "dpo" and kind != "preference":
+        raise InvalidInput(
+            f"objective 'dpo' trains on preference pairs (formats preference, chosen_rejected); dataset "
+            f"{dataset_id!r} holds {ds.format!r} examples: train it with objective 'sft'",
+            code="dataset_not_preference",
+            param=param,
+        )
     return ds
+
+
+# The fields that shape a LoRA adapter: a job continuing from one must ask for the same shape.
+LORA_SHAPE = ("lora_r", "lora_alpha", "lora_target_modules")
+
+
+def check_init_from(session: Session, *, spec: JobSpec, tenant_id: str) -> Job | None:
+    """spec.init_from: an earlier job of the same tenant that succeeded (so its adapter exists), on the
+    same base model, whose adapter has the shape this spec asks for. None when the spec has none."""
+    if spec.init_from is None:
+        return None
+    earlier = jobs_db.get_job(session, spec.init_from, tenant_id)
+    if earlier is None:  # another tenant's job is missing too
+        raise InvalidInput(
+            f"job {spec.init_from!r} does not exist; init_from names an earlier job of yours",
+            code="init_from_not_found",
+            param="init_from",
+        )
+    if earlier.status != JobStatus.SUCCEEDED:
+        raise InvalidInput(
+            f"job {spec.init_from!r} is {earlier.status}; only a succeeded job has an adapter to "
+            "continue from",
+            code="init_from_not_succeeded",
+            param="init_from",
+            details={"status": earlier.status},
+        )
+    if earlier.base_model != spec.base_model:
+        raise InvalidInput(
+            f"job {spec.init_from!r} trained an adapter for base model {earlier.base_model!r}, not "
+            f"{spec.base_model!r}; continue on its base model",
+            code="init_from_base_mismatch",
+            param="base_model",
+            details={"base_model": earlier.base_model},
+        )
+    different = {
+        f: earlier.spec.get(f) for f in LORA_SHAPE if earlier.spec.get(f) != spec.model_dump(mode="json")[f]
+    }
+    if different:
+        raise InvalidInput(
+            f"job {spec.init_from!r} trained an adapter of another shape: set "
+            + ", ".join(f"{k}={v!r}" for k, v in different.items())
+            + " to continue from it",
+            code="init_from_lora_mismatch",
+            param=next(iter(different)),
+            details=different,
+        )
+    return earlier
 
 
 def make_plan(
@@ -78,14 +152,16 @@ def admit(
     session: Session, *, catalog: Catalog, spec: JobSpec, tenant_id: str, plan_gpu: str = ""
 ) -> Plan | None:
     """Raise a clear error for a job that cannot run; return the plan it was admitted on."""
-    check_dataset(session, dataset_id=spec.dataset_id, tenant_id=tenant_id)
+    check_dataset(session, dataset_id=spec.dataset_id, tenant_id=tenant_id, objective=spec.objective)
     if spec.validation_dataset_id:
         check_dataset(
             session,
             dataset_id=spec.validation_dataset_id,
             tenant_id=tenant_id,
             param="validation_dataset_id",
+            objective=spec.objective,
         )
+    check_init_from(session, spec=spec, tenant_id=tenant_id)
     plan = make_plan(session, catalog=catalog, spec=spec, gpu=None, tenant_id=tenant_id, plan_gpu=plan_gpu)
     if spec.method == "full":
         raise Unsupported(

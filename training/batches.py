@@ -1,9 +1,11 @@
 """Which examples train together: each optimizer step's global batch is fixed first, then split.
 
 A step's global batch is a list of rows: a padded row is one example; a packed row is examples
-packed (best-fit decreasing) into at most max_seq_len tokens. A step holds micro x accumulation x
-num_gpus rows, and an epoch's steps are a pure function of (seed, epoch, lengths, max_seq_len and that
-effective batch), never of how the step is split:
+packed (best-fit decreasing) into at most max_seq_len tokens. With objective dpo an example is a
+preference pair (training.preference), its length both sides' tokens, and a packed row holds
+2 x max_seq_len tokens: a step then counts pairs, and a pair is never split.
+A step holds micro x accumulation x num_gpus rows, and an epoch's steps are a pure function of (seed,
+epoch, lengths, max_seq_len and that effective batch), never of how the step is split:
 - padded: a seeded permutation is cut into chunks of GROUP_STEPS steps' worth of examples; each chunk
   is sorted by length and cut into steps, so a step holds similar lengths and its micro-batches carry
   little padding.
@@ -38,13 +40,18 @@ def step_rows(spec: JobSpec) -> int:
     return spec.micro_batch_size * spec.gradient_accumulation_steps * spec.num_gpus
 
 
+def row_capacity(spec: JobSpec) -> int:
+    """Tokens a packed row holds: max_seq_len per sequence of an example (a preference pair has two)."""
+    return spec.max_seq_len * spec.sequences_per_example
+
+
 def epoch_steps(spec: JobSpec, lengths: Sequence[int], epoch: int) -> list[Step]:
     """The global batches of one epoch's optimizer steps."""
     rng = np.random.default_rng([spec.seed, epoch])
     order = rng.permutation(len(lengths)).tolist()
     size = step_rows(spec)
     if spec.packing:
-        rows = _packed_rows(order, lengths, spec.max_seq_len, rng)
+        rows = _packed_rows(order, lengths, row_capacity(spec), rng)
         steps = [rows[j : j + size] for j in range(0, len(rows), size)]
     else:
         steps = _padded_steps(order, lengths, size)

@@ -14,6 +14,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,6 +47,11 @@ class Tokenized:
     labels: list[int]
 
     @property
+    def length(self) -> int:
+        """Tokens the example takes in a micro-batch (training.preference.Pair: both sides')."""
+        return len(self.input_ids)
+
+    @property
     def num_targets(self) -> int:
         # The first label never has a predecessor, so it is never a target.
         return sum(1 for x in self.labels[1:] if x != IGNORE)
@@ -68,12 +74,14 @@ def tokenize_example(
     return Tokenized(ids[:max_seq_len], labels[:max_seq_len])
 
 
-def render_chat_pieces(messages: Sequence[Message], tokenizer) -> list[tuple[list[int], str]]:
+def render_chat_pieces(
+    messages: Sequence[Message], tokenizer, tools: Sequence[Any] | None = None
+) -> list[tuple[list[int], str]]:
     """Split the chat-template rendering into (token ids, kind) pieces, one or two per message.
 
     An assistant message becomes its generation prompt (an input) and its reply (a target when
     weight is 1), so the targets are exactly what the model must generate after the prompt,
-    including the end-of-turn marker.
+    including the end-of-turn marker. `tools` (OpenAI's tool definitions) go to the template as is.
     """
     template = getattr(tokenizer, "chat_template", None) or DEFAULT_CHAT_TEMPLATE
     dicts = [{"role": m.role, "content": m.content} for m in messages]
@@ -82,21 +90,28 @@ def render_chat_pieces(messages: Sequence[Message], tokenizer) -> list[tuple[lis
     for i, message in enumerate(messages):
         kind = INPUT
         if message.role == "assistant":
-            prompt = _render(tokenizer, template, dicts[:i], add_generation_prompt=True)
+            prompt = _render(tokenizer, template, dicts[:i], add_generation_prompt=True, tools=tools)
             pieces.append((_suffix(prompt, done), INPUT))
             done = prompt
             kind = TARGET if message.weight == 1 else SKIPPED
-        full = _render(tokenizer, template, dicts[: i + 1], add_generation_prompt=False)
+        full = _render(tokenizer, template, dicts[: i + 1], add_generation_prompt=False, tools=tools)
         pieces.append((_suffix(full, done), kind))
         done = full
     return [(_encode(tokenizer, text), kind) for text, kind in pieces if text]
 
 
-def _render(tokenizer, template: str, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+def _render(
+    tokenizer,
+    template: str,
+    messages: list[dict[str, str]],
+    add_generation_prompt: bool,
+    tools: Sequence[Any] | None = None,
+) -> str:
     if not messages and not add_generation_prompt:
         return ""
+    extra = {"tools": list(tools)} if tools else {}
     return tokenizer.apply_chat_template(
-        messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
+        messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
     )
 
 

@@ -120,6 +120,15 @@ def sum_over_ranks(value: float) -> float:
     return float(t.item())
 
 
+def sum_list_over_ranks(values: list[float]) -> list[float]:
+    """Collective: elementwise sums over ranks, in one all-reduce."""
+    if not active():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
 def any_rank(flag: bool) -> bool:
     """Collective: True on every rank if it is True on any (e.g. one rank got SIGTERM)."""
     if not active():

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -18,6 +19,7 @@ from core.spec import JobSpec
 from training.data import IGNORE, DatasetError, Tokenized, collate
 from training.step import Position
 
+T = TypeVar("T")  # an example (training.data.Tokenized) or a preference pair (training.preference.Pair)
 VALIDATION_STREAM = 0x5A11D  # a second RNG stream of the seed, apart from the batch order's
 
 
@@ -28,9 +30,7 @@ class EvalResult:
     target_tokens: int
 
 
-def split_validation(
-    items: Sequence[Tokenized], fraction: float, seed: int
-) -> tuple[list[Tokenized], list[Tokenized]]:
+def split_validation(items: Sequence[T], fraction: float, seed: int) -> tuple[list[T], list[T]]:
     """(train, validation): a seeded `fraction` of the examples held out, at least one when > 0."""
     if not fraction:
         return list(items), []

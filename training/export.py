@@ -28,7 +28,10 @@ def save_adapter(
 
     `weights` are the whole trainable tensors by name (gathered from all ranks under FSDP)."""
     with atomic_dir(adapter_dir) as tmp:
-        net.save_pretrained(tmp, safe_serialization=True, state_dict=weights)  # type: ignore[operator]
+        # the trained adapter only ("default"), not a continued job's frozen reference copy (training.dpo)
+        net.save_pretrained(  # type: ignore[operator]
+            tmp, safe_serialization=True, state_dict=weights, selected_adapters=["default"]
+        )
         cfg_path = tmp / "adapter_config.json"
         cfg = json.loads(cfg_path.read_text())
         cfg["base_model_name_or_path"] = base_model  # a name, not this server's path

@@ -49,8 +49,9 @@ def load_tokenizer(model_dir: Path):
     return AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
 
 
-def load_model(spec: JobSpec, model_dir: Path, device: torch.device):
-    """The base model with a fresh LoRA adapter; only the adapter's parameters require grad.
+def load_model(spec: JobSpec, model_dir: Path, device: torch.device, init_adapter: Path | None = None):
+    """The base model with a fresh LoRA adapter, or (`init_adapter`, spec.init_from's directory) an
+    earlier job's adapter to continue from; only the adapter's parameters require grad.
 
     LoRA initialisation draws from torch's global RNG, so seed it before calling.
     """
@@ -89,6 +90,10 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device):
     if spec.gradient_checkpointing:
         # Non-reentrant checkpointing needs no input grads and works with frozen embeddings.
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if init_adapter is not None:
+        if not (init_adapter / "adapter_model.safetensors").is_file():
+            raise FileNotFoundError(f"the adapter to continue from (spec.init_from) is gone: {init_adapter}")
+        return attach_trained_lora(model, spec, init_adapter)
     return attach_lora(model, spec)
 
 
@@ -122,6 +127,47 @@ def attach_lora(model, spec: JobSpec):
         if p.requires_grad and p.dtype != torch.float32:
             p.data = p.data.float()
     return model
+
+
+def attach_trained_lora(model, spec: JobSpec, adapter_dir: Path):
+    """An earlier job's adapter, trained on (its shape: r, alpha, target modules; this spec's dropout).
+    With a reference (objective dpo, not simpo) the same adapter is loaded a second time as "ref",
+    frozen and without dropout: training.dpo's reference policy, on the same base weights."""
+    from peft import LoraConfig, get_peft_model
+    from peft.utils import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from training import dropout
+    from training.dpo import REF_ADAPTER
+
+    config = LoraConfig.from_pretrained(str(adapter_dir))
+    config.lora_dropout = spec.lora_dropout
+    config.inference_mode = False
+    weights = load_file(adapter_dir / "adapter_model.safetensors")
+    model = get_peft_model(model, config)
+    _load_adapter_weights(model, weights, "default", set_peft_model_state_dict)
+    if spec.uses_reference:
+        ref = LoraConfig.from_pretrained(str(adapter_dir))
+        ref.lora_dropout, ref.inference_mode = 0.0, True
+        model.add_adapter(REF_ADAPTER, ref)
+        _load_adapter_weights(model, weights, REF_ADAPTER, set_peft_model_state_dict)
+    for name, p in model.named_parameters():  # the trained adapter alone, whatever add_adapter did
+        p.requires_grad_(".lora_" in name and ".default." in name)
+    dropout.install(model)
+    for name, p in model.named_parameters():
+        if ".lora_" in name and p.dtype != torch.float32:  # both adapters in fp32, as attach_lora's
+            p.data = p.data.float()
+    return model
+
+
+def _load_adapter_weights(model, weights: dict[str, torch.Tensor], name: str, set_state) -> None:
+    result = set_state(model, weights, adapter_name=name)
+    missing = [k for k in result.missing_keys if ".lora_" in k and f".{name}." in k]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"the adapter to continue from does not fit this base model (missing {missing[:3]}, "
+            f"unexpected {list(result.unexpected_keys)[:3]})"
+        )
 
 
 def trainable_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:

@@ -5,6 +5,10 @@ optimizer, the newest checkpoint resumed, metrics writer) and writes the start r
 the loop: a step, its record, evaluation and early stopping, checkpoints, a stop request. finish(state)
 writes the adapter, the merged export if asked, and the done record.
 
+The objective (spec.objective) decides the data and the step: sft trains examples (training.data,
+training.step.train_step), dpo preference pairs (training.preference, training.dpo.train_step) against
+a reference policy that setup's model carries (training.model, training.dpo). The rest is the same.
+
 Under torchrun every rank runs all three; rank 0 alone writes files. The collectives (a step,
 evaluation, a checkpoint, the stop vote, the adapter's gather) come on every rank in the same order,
 because every decision below depends only on the position and the spec, the same on all ranks.
@@ -15,9 +19,10 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -32,10 +37,24 @@ from core.run_protocol import (
 )
 from core.spec import JobSpec
 from core.storage import ADAPTER_DIR, CHECKPOINTS_DIR, MERGED_DIR, METRICS_FILE
-from training import batches, checkpoint, distributed, evaluate, export, memory, metrics, model
+from training import (
+    batches,
+    checkpoint,
+    distributed,
+    dpo,
+    evaluate,
+    export,
+    memory,
+    metrics,
+    model,
+    preference,
+)
 from training.batches import Step
 from training.data import Tokenized, load_for_training
+from training.preference import Pair
 from training.step import Parts, Position, StepResult, lr_at, make_optimizer, train_step
+
+Example = Tokenized | Pair  # what a step's rows hold: an example (sft) or a preference pair (dpo)
 
 log = logging.getLogger("ftune.training")
 
@@ -50,8 +69,8 @@ class State:
 
     config: RunConfig
     parts: Parts
-    items: list[Tokenized]
-    val_items: list[Tokenized]
+    items: list[Example]
+    val_items: list[Example]
     pad_id: int
     total_steps: int
     pos: Position
@@ -89,7 +108,7 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
     tokenizer = model.load_tokenizer(Path(config.model_dir))
     items, val_items, dropped, token_stats = load_splits(config, tokenizer)
     log.info(
-        "dataset: %d training and %d validation examples (%d dropped: over max_seq_len with "
+        "dataset: %d training and %d validation examples or pairs (%d dropped: over max_seq_len with "
         "over_length=drop, or nothing to train on); tokens per example %s",
         len(items), len(val_items), dropped, token_stats,
     )  # fmt: skip
@@ -102,14 +121,15 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
     # no GPU ever holds the whole model. bitsandbytes quantizes on the device it loads to, so QLoRA
     # loads there. (Only the CPU case is tested here.)
     on = torch.device("cpu") if sharded and spec.method == "lora" else device
-    net = model.load_model(spec, Path(config.model_dir), on)
+    init = Path(config.init_adapter_dir) if config.init_adapter_dir else None  # spec.init_from's adapter
+    net = model.load_model(spec, Path(config.model_dir), on, init_adapter=init)
     if sharded:
         distributed.shard(net, device)
         log.info("FSDP over %d processes", distributed.world_size())
     params = [p for _, p in model.trainable_parameters(net)]
     scaler = torch.amp.GradScaler(device.type) if precision.scaled else None
     parts = Parts(spec, net, make_optimizer(spec, params), params, device, precision.autocast, scaler)
-    total = batches.total_steps(spec, [len(x.input_ids) for x in items])
+    total = batches.total_steps(spec, [x.length for x in items])
 
     latest = checkpoint.latest_checkpoint(Path(config.output_dir) / CHECKPOINTS_DIR)
     pos = checkpoint.load_checkpoint(latest, parts) if latest else Position()
@@ -163,11 +183,13 @@ def train(state: State) -> bool:
         steps = epoch_steps(state, pos.epoch)
         lr = lr_at(spec, pos.step, state.total_steps)
         start = time.perf_counter()
+        key = (spec.seed, pos.epoch)  # the epoch's dropout masks
         with state.tracker.step(memory.model_state_tensors(parts.model, parts.optimizer)):
             step = steps[pos.step_in_epoch]
-            result = train_step(
-                parts, state.items, state.pad_id, step, lr=lr, dropout_key=(spec.seed, pos.epoch)
-            )
+            if spec.objective == "dpo":  # preference pairs against the reference policy
+                result = dpo.train_step(parts, pairs(state.items), state.pad_id, step, lr=lr, dropout_key=key)
+            else:
+                result = train_step(parts, examples(state.items), state.pad_id, step, lr=lr, dropout_key=key)
         seconds = time.perf_counter() - start
         epoch_ended = advance(pos, result, seconds, len(steps))
         ran = True
@@ -247,7 +269,7 @@ def stopped(state: State, save: bool) -> bool:
 def epoch_steps(state: State, epoch: int) -> list[Step]:
     """The global batches of `epoch`, computed once per epoch (a pure function of the spec)."""
     if state.epoch != epoch:
-        lengths = [len(x.input_ids) for x in state.items]
+        lengths = [x.length for x in state.items]
         state.epoch, state.steps = epoch, batches.epoch_steps(state.spec, lengths, epoch)
     return state.steps
 
@@ -285,19 +307,36 @@ def record_step(state: State, r: StepResult, seconds: float, steps_in_epoch: int
             elapsed_s=round(pos.elapsed_s, 3),
             eta_s=eta,
             peak_mem_bytes=peak,
+            **cast(dict[str, Any], r.preference or {}),  # dpo: rewards, reward accuracy, log-probs
         )
     )
     log.info(
-        "step %d/%d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s peak %.1f MiB eta %ss",
+        "step %d/%d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s peak %.1f MiB eta %ss%s",
         pos.step, state.total_steps, r.loss, r.lr, r.grad_norm, speed or 0, peak / 2**20, eta,
+        f" reward accuracy {r.preference['rewards_accuracy']:.3f}" if r.preference else "",
     )  # fmt: skip
 
 
 def run_evaluation(state: State) -> None:
     """Collective under FSDP (the forward gathers the shards): evaluate, track the best, record."""
     parts, pos = state.parts, state.pos
+    if state.spec.objective == "dpo":
+        on = dpo.evaluate(parts, pairs(state.val_items), state.pad_id, state.spec.micro_batch_size)
+        evaluate.record_eval(pos, on.loss, state.spec.early_stopping_min_delta)
+        metrics_: dict[str, Any] = dict(on.metrics)
+        state.writer.write(
+            EvalRecord(step=pos.step, eval_loss=on.loss, best_eval_loss=pos.best_eval_loss, **metrics_)
+        )
+        log.info("eval at step %d: loss %.4f reward accuracy %.3f", pos.step, on.loss,
+                 on.metrics["rewards_accuracy"])  # fmt: skip
+        return
     ev = evaluate.evaluate(
-        parts.model, state.val_items, state.spec.micro_batch_size, state.pad_id, parts.device, parts.autocast
+        parts.model,
+        examples(state.val_items),
+        state.spec.micro_batch_size,
+        state.pad_id,
+        parts.device,
+        parts.autocast,
     )
     evaluate.record_eval(pos, ev.loss, state.spec.early_stopping_min_delta)
     state.writer.write(
@@ -326,23 +365,34 @@ def save_checkpoint(state: State) -> None:
 # Setup's helpers.
 
 
-def load_splits(config: RunConfig, tokenizer: object) -> tuple[list[Tokenized], list[Tokenized], int, dict]:
-    """(training examples, validation examples, examples dropped (too long under over_length=drop, or
-    nothing to train on), token statistics of the training file)."""
+def load_splits(config: RunConfig, tokenizer: object) -> tuple[list[Example], list[Example], int, dict]:
+    """(training examples or pairs, validation ones, how many were dropped (too long under
+    over_length=drop, or nothing to train on), token statistics of the training file)."""
     from training.data import DatasetError
 
     spec = config.spec
-    items, dropped, stats = load_for_training(
-        Path(config.dataset_path), tokenizer, spec, config.column_mapping
+    load: Callable[..., tuple[list[Any], int, dict[str, Any]]] = (
+        preference.load_for_training if spec.objective == "dpo" else load_for_training
     )
+    items, dropped, stats = load(Path(config.dataset_path), tokenizer, spec, config.column_mapping)
     if spec.validation_dataset_id:
         if not config.validation_path:
             raise DatasetError("the spec names a validation dataset but the run has no path for it")
         path = Path(config.validation_path)
-        val, _, _ = load_for_training(path, tokenizer, spec, config.validation_column_mapping)
+        val, _, _ = load(path, tokenizer, spec, config.validation_column_mapping)
         return items, val, dropped, stats
     train_items, val = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
     return train_items, val, dropped, stats
+
+
+def pairs(items: list[Example]) -> list[Pair]:
+    """The items of a dpo run (load_splits loaded them as preference pairs)."""
+    return cast(list[Pair], items)
+
+
+def examples(items: list[Example]) -> list[Tokenized]:
+    """The items of an sft run."""
+    return cast(list[Tokenized], items)
 
 
 def seed_everything(seed: int) -> None:

@@ -6,6 +6,10 @@ tokens in all of them (over all ranks), so accumulation gives the same gradient 
 whatever the lengths, the micro-batch size or the number of ranks. Under FSDP (training.distributed)
 the ranks' gradients are summed, not averaged, for the same reason. LoRA dropout masks belong to
 examples (training.dropout), so they do not depend on the split either.
+
+What a micro-batch contributes is pluggable (`accumulate_gradients(loss_fn=...)`): SFT's is its token
+loss sum over the step's target tokens (below); DPO's is its pairs' loss over the step's pairs
+(training.dpo, whose train_step is this one's twin on pairs).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class StepResult:
     tokens: int  # input tokens (not padding) processed in the step
     target_tokens: int  # tokens the loss is taken on
     lr: float
+    preference: dict[str, float] | None = None  # objective dpo: rewards, accuracy, log-probs (training.dpo)
 
 
 def make_optimizer(spec: JobSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -122,20 +127,23 @@ def accumulate_gradients(
     total_targets: int | None = None,
     padding: int = 0,
     layouts: list[dropout.Layout] | None = None,
+    loss_fn: Callable[[Batch], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Backward over micro-batches of one optimizer step; gradients end up normalised by the step's
     target tokens, `total_targets` (over all ranks; default: those of `micro_batches`). The last `padding`
     batches only keep this rank in step with the others' collectives: their loss is weighted 0.
     `layouts` place each micro-batch's examples for the dropout masks (training.dropout).
-    Returns (this rank's part of the mean token loss, detached: read it once per step, as reading a
-    device tensor waits for the device; target tokens)."""
+    `loss_fn(batch)`: a micro-batch's share of the step's loss, normalised by the step's totals (over all
+    ranks), in place of the token loss over `total_targets` (training.dpo: its pairs' loss over the
+    step's pairs). Returns (this rank's part of the step's loss, detached: read it once per step, as
+    reading a device tensor waits for the device; target tokens)."""
     real = micro_batches[: len(micro_batches) - padding]
     tokens = total_targets if total_targets is not None else sum(count_targets(b) for b in real)
     loss_sum = torch.zeros((), device=parts.device)
     for i, batch in enumerate(micro_batches):
         distributed.gradient_sync(parts.model, i == len(micro_batches) - 1)
         with dropout.placed(parts.model, layouts[i] if layouts else None):
-            loss = token_loss_sum(parts, batch) / tokens
+            loss = loss_fn(batch) if loss_fn else token_loss_sum(parts, batch) / tokens
             if i >= len(real):
                 loss = loss * 0.0
             (parts.scaler.scale(loss) if parts.scaler else loss).backward()
@@ -177,7 +185,7 @@ def train_step(
     split into micro-batches, this rank's share run, the update applied on every rank. `dropout_key`
     (seed, epoch) seeds the examples' dropout masks (training.dropout)."""
     spec = parts.spec
-    lengths = {i: len(items[i].input_ids) for row in step for i in row}
+    lengths = {i: items[i].length for row in step for i in row}
     # Every rank knows the whole step, so the step's token counts need no communication.
     targets = sum(items[i].num_targets for i in lengths)
     split = split_step(spec, lengths, step)

@@ -7,7 +7,9 @@ train_on_inputs, packing, micro_batch_size, gradient_accumulation_steps, num_gpu
 validation_fraction shape the result.
 Prints one JSON object on stdout: training.data.token_stats's fields (count, p50, p95, max,
 over_max_seq_len, over_length) plus max_seq_len, packing, dropped, micro_batches_per_epoch,
-steps_per_epoch, examples_per_micro_batch and run_epochs, and exits 0. On an error it prints
+steps_per_epoch, examples_per_micro_batch and run_epochs, and exits 0. With objective dpo an example is a
+preference pair (training.preference.pair_stats: also prompt_p50/p95/max, completion_p50/p95/max,
+truncated and kind "preference"). On an error it prints
 {"error": {"code", "message"}} and exits 1. Loads the tokenizer only (no weights), never with remote
 code; the API passes paths it resolved from ids, never a user's.
 """
@@ -20,6 +22,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +40,18 @@ def compute(
     model_dir: Path, dataset: Path, column_mapping: dict[str, str] | None, spec: Any
 ) -> dict[str, Any]:
     """The statistics of `dataset` for `spec` (a core.spec.JobSpec) against model_dir's tokenizer."""
-    from training import batches, data, evaluate
+    from training import batches, data, evaluate, preference
 
     tokenizer = _tokenizer(model_dir)
-    items, dropped, stats = data.load_for_training(dataset, tokenizer, spec, column_mapping)
+    # objective dpo: pairs (training.preference), whose statistics add prompt and completion lengths
+    # and the pairs truncated; count, p50, ... describe a pair's longer side (what max_seq_len bounds)
+    load: Callable[..., tuple[list[Any], int, dict[str, Any]]] = (
+        preference.load_for_training if spec.objective == "dpo" else data.load_for_training
+    )
+    items, dropped, stats = load(dataset, tokenizer, spec, column_mapping)
     # The steps training makes: of the training split (as training.recipe.load_splits makes it).
     train, _ = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
-    lengths = [len(t.input_ids) for t in train]
+    lengths = [t.length for t in train]
     # Packed epochs can differ by a step or so; the first one stands for all.
     steps = batches.epoch_steps(spec, lengths, 0)
     micro_batches = sum(len(batches.split_step(spec, lengths, s)) for s in steps)

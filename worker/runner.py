@@ -155,6 +155,8 @@ class JobRunner:
                 else None
             ),
             validation_column_mapping=val_mapping,
+            # spec.init_from: the earlier job's adapter (admission checked its tenant, status and base)
+            init_adapter_dir=str(self.storage.adapter_dir(spec.init_from)) if spec.init_from else None,
         )
         path = self.storage.run_config_path(job_id)
         atomic_write_text(path, config.model_dump_json(indent=2))

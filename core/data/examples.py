@@ -4,6 +4,13 @@
 - chat, instruction: through the tokenizer's chat template; loss on assistant messages with weight 1.
 - prompt_completion: raw prompt text then completion text; loss on the completion.
 - text: raw text; loss on everything.
+Preference formats (kind "preference", for objective dpo) become PreferenceExamples: a prompt and two
+assistant replies, the chosen and the rejected one (see `to_preference`):
+- preference: OpenAI's {"input": {"messages", "tools"?}, "preferred_output": [assistant message],
+  "non_preferred_output": [assistant message]}; rendered through the chat template.
+- chosen_rejected: TRL's {"prompt"?, "chosen", "rejected"}, each a string (raw text, like
+  prompt_completion) or a list of messages (chat template); without "prompt" the prompt is the longest
+  common prefix of chosen and rejected (TRL's implicit prompt).
 Validation (core/data/validate.py) runs at upload; this module only converts lines that already passed it.
 """
 
@@ -17,8 +24,17 @@ from typing import Any, Literal
 
 from core.errors import InvalidInput
 
-Format = Literal["chat", "instruction", "prompt_completion", "text"]
+Format = Literal["chat", "instruction", "prompt_completion", "text", "preference", "chosen_rejected"]
+Kind = Literal["sft", "preference"]  # what a dataset trains: objective sft, or objective dpo
 Role = Literal["system", "user", "assistant"]
+PREFERENCE_FORMATS: tuple[Format, ...] = ("preference", "chosen_rejected")
+
+
+def kind_of(fmt: str | None) -> Kind | None:
+    """The kind of a dataset of this format (None for a file without one)."""
+    if fmt is None:
+        return None
+    return "preference" if fmt in PREFERENCE_FORMATS else "sft"
 
 
 @dataclass(frozen=True)
@@ -34,8 +50,25 @@ class Example:
     messages: tuple[Message, ...]
 
 
+@dataclass(frozen=True)
+class PreferenceExample:
+    """A prompt and two replies to it. `conversational`: rendered through the chat template (the
+    prompt's messages, then the reply as an assistant turn); else raw text, the prompt a single user
+    message whose content is the text (possibly empty) and each reply its completion text."""
+
+    format: Format
+    conversational: bool
+    prompt: tuple[Message, ...]
+    chosen: Message
+    rejected: Message
+    tools: tuple[Any, ...] | None = None  # OpenAI's input.tools, handed to the chat template
+
+
 # Every top-level key a format reads; a column mapping may only rename into these.
-KNOWN_FIELDS = ("messages", "instruction", "input", "output", "prompt", "completion", "text")
+KNOWN_FIELDS = (
+    "messages", "instruction", "input", "output", "prompt", "completion", "text",
+    "preferred_output", "non_preferred_output", "chosen", "rejected",
+)  # fmt: skip
 
 
 def check_column_mapping(mapping: dict[str, str] | None) -> dict[str, str]:
@@ -73,6 +106,10 @@ def apply_column_mapping(obj: dict[str, Any], mapping: dict[str, str]) -> dict[s
 
 
 def detect_format(obj: dict[str, Any]) -> Format | None:
+    if "preferred_output" in obj and "non_preferred_output" in obj and "input" in obj:
+        return "preference"
+    if "chosen" in obj and "rejected" in obj:
+        return "chosen_rejected"
     if "messages" in obj:
         return "chat"
     if "instruction" in obj and "output" in obj:
@@ -102,11 +139,54 @@ def to_example(obj: dict[str, Any], fmt: Format) -> Example:
     return Example(fmt, msgs)
 
 
-def read_examples(path: Path, column_mapping: dict[str, str] | None = None) -> Iterator[Example]:
-    """Yield the examples of a validated JSONL dataset file, in file order (blank lines skipped).
+def _message(m: dict[str, Any], weight: int = 0) -> Message:
+    return Message(m["role"], m["content"], weight)
 
-    Pass the same column_mapping the file was validated with.
-    """
+
+def to_preference(obj: dict[str, Any], fmt: Format) -> PreferenceExample:
+    """A validated preference line as a prompt and two replies (see the module docstring)."""
+    if fmt == "preference":
+        inp = obj["input"]
+        tools = inp.get("tools")
+        return PreferenceExample(
+            fmt,
+            True,
+            tuple(_message(m) for m in inp["messages"]),
+            _message(obj["preferred_output"][0], 1),
+            _message(obj["non_preferred_output"][0], 1),
+            tuple(tools) if tools else None,
+        )
+    prompt, chosen, rejected = split_implicit_prompt(obj)
+    if isinstance(chosen, str):
+        assert isinstance(rejected, str) and isinstance(prompt, str)
+        return PreferenceExample(
+            fmt,
+            False,
+            (Message("user", prompt, 0),),
+            Message("assistant", chosen, 1),
+            Message("assistant", rejected, 1),
+        )
+    assert isinstance(prompt, list) and isinstance(rejected, list)
+    return PreferenceExample(
+        fmt, True, tuple(_message(m) for m in prompt), _message(chosen[0], 1), _message(rejected[0], 1)
+    )
+
+
+def split_implicit_prompt(obj: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(prompt, chosen, rejected) of a chosen_rejected line. Without a "prompt" key the prompt is the
+    longest common prefix of chosen and rejected (characters of strings, messages of lists), as TRL's
+    extract_prompt takes it (a space before the split point goes to the completions)."""
+    chosen, rejected = obj["chosen"], obj["rejected"]
+    if obj.get("prompt") is not None:
+        return obj["prompt"], chosen, rejected
+    n = min(len(chosen), len(rejected))
+    idx = next((i for i in range(n) if chosen[i] != rejected[i]), n)
+    if idx < n and idx > 0 and chosen[idx - 1] == " ":
+        idx -= 1
+    return chosen[:idx], chosen[idx:], rejected[idx:]
+
+
+def _lines(path: Path, column_mapping: dict[str, str] | None) -> Iterator[tuple[dict[str, Any], Format]]:
     mapping = check_column_mapping(column_mapping)
     with path.open("rb") as f:
         for number, raw in enumerate(f):
@@ -118,4 +198,23 @@ def read_examples(path: Path, column_mapping: dict[str, str] | None = None) -> I
             fmt = detect_format(obj)
             if fmt is None:
                 raise ValueError("dataset line has no known format; was it validated?")
-            yield to_example(obj, fmt)
+            yield obj, fmt
+
+
+def read_examples(path: Path, column_mapping: dict[str, str] | None = None) -> Iterator[Example]:
+    """Yield the examples of a validated JSONL dataset file, in file order (blank lines skipped).
+
+    Pass the same column_mapping the file was validated with.
+    """
+    for obj, fmt in _lines(path, column_mapping):
+        if fmt in PREFERENCE_FORMATS:
+            raise ValueError("this is a preference dataset: it trains with objective 'dpo'")
+        yield to_example(obj, fmt)
+
+
+def read_preferences(path: Path, column_mapping: dict[str, str] | None = None) -> Iterator[PreferenceExample]:
+    """Yield the pairs of a validated preference dataset file, in file order."""
+    for obj, fmt in _lines(path, column_mapping):
+        if fmt not in PREFERENCE_FORMATS:
+            raise ValueError(f"a {fmt!r} dataset has no preference pairs: it trains with objective 'sft'")
+        yield to_preference(obj, fmt)

@@ -173,6 +173,8 @@ class ExampleStats:
             out["with_system_message"] = self.flagged
         if fmt == "instruction":
             out["with_input"] = self.flagged
+        if fmt == "chosen_rejected":
+            out["with_implicit_prompt"] = self.flagged
         return out
 
     def _dist(self, sample: list[int], lo: int, total: int, hi: int) -> dict[str, float]:

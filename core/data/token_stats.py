@@ -46,6 +46,18 @@ class TokenStats(BaseModel):
         None,
         description="Passes over the training data the run makes: epochs, or max_steps / steps_per_epoch.",
     )
+    # Objective dpo (training.preference.pair_stats): an example is a preference pair, and count, p50,
+    # p95, max and over_max_seq_len are of its longer side (prompt + longer reply, what max_seq_len bounds).
+    kind: Literal["sft", "preference"] | None = Field(None, description="preference: pairs (dpo).")
+    prompt_p50: int | None = Field(None, description="dpo: median prompt tokens.")
+    prompt_p95: int | None = None
+    prompt_max: int | None = None
+    completion_p50: int | None = Field(None, description="dpo: median reply tokens (chosen and rejected).")
+    completion_p95: int | None = None
+    completion_max: int | None = None
+    truncated: int | None = Field(
+        None, description="dpo: pairs over max_seq_len that are truncated (prompt first, then the replies)."
+    )
     source: Literal["job_created", "training_start"] | None = Field(
         None, description="job_created: computed at submission; training_start: from training's start."
     )
@@ -69,8 +81,16 @@ def summary(stats: TokenStats) -> str:
     512 (truncate); packed: ~14 examples per micro-batch, 15 steps per epoch; the run makes ~4 epochs"."""
     over, limit = stats.over_max_seq_len or 0, stats.max_seq_len
     lengths = f"{stats.count} examples, p50 {stats.p50} / p95 {stats.p95} / max {stats.max} tokens"
+    if stats.kind == "preference":
+        lengths = (
+            f"{stats.count} preference pairs, prompt + longer reply p50 {stats.p50} / p95 {stats.p95} / "
+            f"max {stats.max} tokens (prompts p50 {stats.prompt_p50} / max {stats.prompt_max}, replies "
+            f"p50 {stats.completion_p50} / max {stats.completion_max})"
+        )
     if over:
         fate = "dropped" if stats.over_length == "drop" else "truncated"
+        if stats.kind == "preference" and fate == "truncated":
+            fate += " (the prompt first, then the replies)"
         parts = [lengths, f"{over} exceed max_seq_len {limit} and will be {fate}"]
     else:
         parts = [lengths, f"0 exceed max_seq_len {limit} ({stats.over_length})"]

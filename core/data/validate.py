@@ -6,12 +6,17 @@ longer line is counted and skipped, never buffered whole), plus the exact duplic
 hash per example, 8 bytes in a flat array, spilled to `spill_dir` past 4M of them
 (core.data.stats.DuplicateCounter).
 
-Formats (see core/data/examples.py): chat, instruction, prompt_completion, text. The file's format is the
-format of its first line that has one; a line in another format is a `mixed_formats` problem.
+Formats (see core/data/examples.py): chat, instruction, prompt_completion, text (kind "sft"), and the
+preference pairs preference (OpenAI's) and chosen_rejected (TRL's) (kind "preference", for objective
+dpo). The file's format is the format of its first line that has one; a line in another format is a
+`mixed_formats` problem. The report's `kind` says which objective the file trains.
 
 Problem codes (stable; every problem has a 1-based line number, blank lines count):
 invalid_utf8, invalid_json, not_an_object, unknown_format, mixed_formats, missing_field, wrong_type,
-empty_content, unknown_role, no_assistant_turn, roles_not_alternating, line_too_long, and
+empty_content, unknown_role, no_assistant_turn, roles_not_alternating, line_too_long; for preference
+pairs also wrong_role (a reply that is not an assistant message), identical_replies (chosen equals
+rejected: nothing to prefer) and no_common_prompt (an implicit prompt: chosen and rejected must be one
+conversation up to their differing last reply); and
 too_few_examples, which is about the whole file and has line 0.
 """
 
@@ -23,11 +28,20 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from core.data.examples import Format, apply_column_mapping, check_column_mapping, detect_format
+from core.data.examples import (
+    PREFERENCE_FORMATS,
+    Format,
+    Kind,
+    apply_column_mapping,
+    check_column_mapping,
+    detect_format,
+    kind_of,
+)
 from core.data.line_checks import (
     LineProblem,
     check_chat,
     check_flat,
+    check_preference,
     json_type,
     partial_format,
     unknown_format_message,
@@ -41,6 +55,8 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "instruction": ("instruction", "output"),
     "prompt_completion": ("prompt", "completion"),
     "text": ("text",),
+    "preference": ("input", "preferred_output", "non_preferred_output"),
+    "chosen_rejected": ("chosen", "rejected"),
 }
 READ_CHUNK = 1 << 20
 
@@ -55,6 +71,7 @@ class Problem(BaseModel):
 class DatasetReport(BaseModel):
     valid: bool
     format: Format | None
+    kind: Kind | None = None  # "sft" or "preference" (objective dpo); None without a format
     num_examples: int  # lines that passed validation
     num_lines: int  # including blank and skipped lines
     size_bytes: int
@@ -190,6 +207,7 @@ class DatasetValidator:
             self._report = DatasetReport(
                 valid=not self._counts,
                 format=self._format,
+                kind=kind_of(self._format),
                 num_examples=self._examples,
                 num_lines=self._line_no,
                 size_bytes=self._size,
@@ -244,7 +262,12 @@ class DatasetValidator:
             fmt = self._line_format(obj, fmt)
         # Lone surrogate escapes (\ud800) decode to str that cannot be encoded; look only if one may be there.
         strict = b"\\ud" in raw or b"\\uD" in raw
-        checked = check_chat(obj, strict) if fmt == "chat" else check_flat(obj, fmt, strict)
+        if fmt == "chat":
+            checked = check_chat(obj, strict)
+        elif fmt in PREFERENCE_FORMATS:
+            checked = check_preference(obj, fmt, strict)
+        else:
+            checked = check_flat(obj, fmt, strict)
         self._examples += 1
         self._stats.add(checked.chars, checked.messages, checked.flag)
         # A 64-bit hash (SipHash of each string, in C) is ~4x cheaper than a digest of a canonical dump;

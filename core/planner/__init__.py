@@ -7,7 +7,11 @@ Model of the peak (per GPU), each piece a named Term with its assumption in `not
                  layer     one block's backward: recomputed layer (checkpointing), gradients in flight,
                            QLoRA's dequantized weight
   step         paged optimizer states (paged in), AdamW temporaries, grad-norm buffers
-  peak = persistent + max(fwd/bwd, step) + CUDA context + fragmentation margin
+  reference    objective dpo (sigmoid, ipo): the reference policy's no-grad forward, which runs before the
+               policy's and keeps no activation (its largest moment: the log-probs of both sides)
+  peak = persistent + max(fwd/bwd, step, reference) + CUDA context + fragmentation margin
+With objective dpo a micro-batch of n pairs is 2n sequences (chosen and rejected) in every term, and the
+reference's two log-probs per pair are kept through forward and backward.
 allocated_bytes (the peak without the last two) is what a run measures: max_memory_allocated on CUDA,
 live tensor bytes on a CPU (tests/training/test_planner_vs_measured.py holds it within 15% there).
 A phase that is not the peak is listed with 0 bytes and its size in the note, so terms sum to total.

@@ -51,7 +51,7 @@ class Context:
     full: bool  # method "full": every parameter is trained
     lora: tuple[tuple[LinearModule, int], ...]  # linears peft wraps, each with its number of layers
     trainable: int  # trainable parameters
-    tokens: int  # per micro-batch: sequences are padded to max_seq_len
+    tokens: int  # per micro-batch: sequences are padded to max_seq_len (dpo: two sequences a pair)
     shard: str  # note suffix of the terms FSDP divides over the GPUs
     store: str  # dtype of the base weights in memory
     store_b: int
@@ -109,7 +109,8 @@ def plan_context(spec: JobSpec, arch: Architecture, gpu: Gpu, runtime: Runtime) 
         full=full,
         lora=lora,
         trainable=trainable,
-        tokens=spec.micro_batch_size * spec.max_seq_len,
+        # dpo: a micro-batch of micro_batch_size pairs is twice as many sequences (chosen and rejected)
+        tokens=spec.micro_batch_size * spec.sequences_per_example * spec.max_seq_len,
         shard=f" / {n} GPUs (FSDP shard)" if n > 1 else "",
         store=store,
         store_b=sb,

@@ -58,7 +58,42 @@ def forward_backward_terms(c: Context) -> list[Term]:
         terms += idle(loss_phase, "a layer's backward is larger") + layer_phase
     if c.spec.num_gpus > 1:
         terms += _fsdp_terms(c)
+    if c.spec.uses_reference:
+        terms.append(reference_logps_term(c))
     return terms
+
+
+def reference_terms(c: Context) -> list[Term]:
+    """Objective dpo with a reference (sigmoid, ipo): each micro-batch first runs the reference policy
+    (the adapter disabled, or the frozen starting adapter) without grad, then the policy. The no-grad
+    forward keeps no activation: a layer's tensors are freed as the next one runs; its largest moment is
+    the log-probs of both sides' completions: the logits (e B per vocab entry), an fp32 copy when they are
+    half precision, and log_softmax's fp32 output. Its result, two log-probs per pair, is kept through
+    the policy's forward and backward. The phase is compared with forward/backward and the step."""
+    e, arch = c.act_b, c.arch
+    per_entry = e + (4 if e < 4 else 0) + 4
+    layer = c.tokens * e * (arch.hidden_size + 3 * arch.intermediate_size)  # a block's MLP at its widest
+    logits = c.tokens * arch.vocab_size * per_entry
+    return [
+        Term(
+            name="reference forward (no activations kept)",
+            bytes=max(logits, layer),
+            note=(
+                f"no-grad forward of both sides: {c.tokens} tokens x vocab {arch.vocab_size:,} x "
+                f"{per_entry} B (logits, their fp32 log-probs)"
+                + ("" if logits >= layer else "; a block's MLP tensors are larger")
+            ),
+        )
+    ]
+
+
+def reference_logps_term(c: Context) -> Term:
+    pairs = c.spec.micro_batch_size
+    return Term(
+        name="reference log-probs",
+        bytes=2 * pairs * 4,
+        note=f"the reference's summed log-prob of each side of the micro-batch's {pairs} pairs (fp32)",
+    )
 
 
 def loss_buffer_bytes(c: Context) -> int:
@@ -69,7 +104,7 @@ def loss_buffer_bytes(c: Context) -> int:
 def _activations(c: Context) -> tuple[Term, int]:
     """What forward saves for backward, and one layer's share (which a recomputed layer holds again)."""
     spec, arch, tokens = c.spec, c.arch, c.tokens
-    b, s = spec.micro_batch_size, spec.max_seq_len
+    b, s = spec.micro_batch_size * spec.sequences_per_example, spec.max_seq_len
     h = arch.hidden_size
     setup = ActivationSetup(
         compute_bytes=c.act_b,

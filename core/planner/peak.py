@@ -5,7 +5,7 @@ from __future__ import annotations
 from core.arch import Architecture
 from core.planner.allocator import cached_bytes, overhead_terms
 from core.planner.context import plan_context
-from core.planner.forward_backward import forward_backward_terms
+from core.planner.forward_backward import forward_backward_terms, reference_terms
 from core.planner.gpus import Gpu
 from core.planner.speed import epoch_seconds
 from core.planner.state import persistent_terms
@@ -19,15 +19,19 @@ def peak_plan(
 ) -> Plan:
     c = plan_context(spec, arch, gpu, runtime)
     persistent = persistent_terms(c)
-    fwd = forward_backward_terms(c)
-    step = step_terms(c)
-    fwd_total, step_total = sum(t.bytes for t in fwd), sum(t.bytes for t in step)
-    if fwd_total >= step_total:
-        step = idle(step, "the step phase is smaller")
-    else:
-        fwd = idle(fwd, "the forward/backward phase is smaller")
-    used = sum(t.bytes for t in persistent) + max(fwd_total, step_total)
-    breakdown = persistent + fwd + step + overhead_terms(c, used)
+    # The phases of a step, one at a time; the largest makes the peak, the others are listed at 0.
+    phases = {
+        "reference forward": reference_terms(c) if spec.uses_reference else [],  # dpo, before the policy's
+        "forward/backward": forward_backward_terms(c),
+        "step": step_terms(c),
+    }
+    totals = {name: sum(t.bytes for t in terms) for name, terms in phases.items()}
+    peak = max(totals, key=lambda name: totals[name])
+    for name in phases:
+        if name != peak:
+            phases[name] = idle(phases[name], f"the {name} phase is smaller than the {peak} phase")
+    used = sum(t.bytes for t in persistent) + totals[peak]
+    breakdown = persistent + [t for terms in phases.values() for t in terms] + overhead_terms(c, used)
     total = sum(t.bytes for t in breakdown)
     loss_segments, varlen_cache = cached_bytes(c, gpu, total)
     usable = gpu.usable_bytes

@@ -54,3 +54,24 @@ def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 def elementwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     """The largest max |a - b| / max |a| over the adapter's tensors."""
     return max(float((a[k] - b[k]).abs().max() / a[k].abs().max()) for k in a)
+
+
+def pair_rows(n: int, start: int = 0, fmt: str = "preference") -> list[dict[str, Any]]:
+    """n preference pairs from the demo corpus's Q/A lines, of unequal lengths: the chosen reply is the
+    corpus's answer, the rejected one another line. fmt: "preference" (OpenAI's), "messages" (TRL's,
+    message lists, explicit prompt), "implicit" (TRL's, whole conversations) or "text" (TRL's, strings)."""
+    lines = (Path(__file__).parents[2] / "training" / "demo_corpus.txt").read_text().splitlines()
+    rows: list[dict[str, Any]] = []
+    for i in range(start, start + n):
+        q, a, b = lines[(2 * i) % 300], lines[(2 * i + 1) % 300], lines[(2 * i + 9) % 300]
+        user = [{"role": "user", "content": q}]
+        good, bad = [{"role": "assistant", "content": a}], [{"role": "assistant", "content": b}]
+        if fmt == "preference":
+            rows.append({"input": {"messages": user}, "preferred_output": good, "non_preferred_output": bad})
+        elif fmt == "messages":
+            rows.append({"prompt": user, "chosen": good, "rejected": bad})
+        elif fmt == "implicit":
+            rows.append({"chosen": user + good, "rejected": user + bad})
+        else:
+            rows.append({"prompt": q + "\n", "chosen": a, "rejected": b})
+    return rows
