@@ -51,9 +51,20 @@ def _message_event(ev: JobEvent) -> tuple[float, FineTuningJobEvent]:
     return at, out
 
 
+PREFERENCE_METRICS = (
+    "rewards_chosen",
+    "rewards_rejected",
+    "rewards_margin",
+    "rewards_accuracy",
+    "logps_chosen",
+    "logps_rejected",
+)
+
+
 def metrics_events(job: Job, storage: Storage) -> list[tuple[float, FineTuningJobEvent]]:
     """One event per logged step: step, train_loss, train_mean_token_accuracy (ftune does not measure it on
-    training batches: null), and valid_loss / valid_mean_token_accuracy at steps that were evaluated."""
+    training batches: null), and valid_loss / valid_mean_token_accuracy at steps that were evaluated; a dpo
+    job adds train_/valid_ rewards_chosen, rewards_rejected, rewards_margin, rewards_accuracy and logps."""
     records = read_records(storage.metrics_path(job.id))
     evals = {r.step: r for r in records if isinstance(r, EvalRecord)}
     started = [e.created_at for e in job.events if e.kind == "training_started"]
@@ -69,8 +80,12 @@ def metrics_events(job: Job, storage: Storage) -> list[tuple[float, FineTuningJo
             "train_loss": r.loss,
             "train_mean_token_accuracy": None,
         }
+        if r.rewards_accuracy is not None:  # a dpo job: its preference metrics, under TRL's names
+            data |= {f"train_{k}": getattr(r, k) for k in PREFERENCE_METRICS}
         if (ev := evals.get(r.step)) is not None:
             data |= {"valid_loss": ev.eval_loss, "valid_mean_token_accuracy": ev.eval_token_accuracy}
+            if ev.rewards_accuracy is not None:
+                data |= {f"valid_{k}": getattr(ev, k) for k in PREFERENCE_METRICS}
         loss = "n/a" if r.loss is None else f"{r.loss:.4f}"
         message = f"Step {r.step}/{r.total_steps}: training loss={loss}"
         event = FineTuningJobEvent(

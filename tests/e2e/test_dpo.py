@@ -106,6 +106,14 @@ def test_sft_then_dpo_from_its_adapter_through_the_api(models_dir: Path, tmp_pat
         assert accuracy > 0.5 and margin > 0
         assert sum(s["loss"] for s in last) / len(last) < steps[0]["loss"]
 
+        # The same metrics in the OpenAI surface's events (a native job is a /v1 job too).
+        v1 = api.get(f"{base}/v1/fine_tuning/jobs/{dpo_id}/events", params={"limit": 100}).json()["data"]
+        metric = [e["data"] for e in v1 if e["type"] == "metrics"]
+        assert len(metric) == DPO["max_steps"], v1
+        assert {d["step"]: d["train_rewards_accuracy"] for d in metric} == {
+            s["step"]: s["rewards_accuracy"] for s in steps
+        }
+
         events = api.get(f"{base}/jobs/{dpo_id}/events").json()["data"]
         assert [e["kind"] for e in events][-1] == "succeeded"
         started = next(e for e in events if e["kind"] == "training_started")
