@@ -7,6 +7,7 @@ commit. Cancel, pause and resume are the native transitions. Everything is scope
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -29,13 +30,12 @@ from api.openai.hyperparameters import (
 )
 from api.openai.job_objects import FineTuningJob, FineTuningJobList, job_object
 from core import ft_names
-from core.errors import Conflict, FtuneError, InvalidInput, NotFound, Unsupported
+from core.errors import FtuneError, InvalidInput, NotFound, Unsupported
 from core.spec import JobSpec
 from core.states import JobStatus
+from models import control, openai_jobs
 from models import jobs as jobs_db
-from models import openai_jobs
 from models.auto_batch import split_batch
-from models.db import session_scope
 from models.submission import OpenAIFields, submit_job
 from models.tables import Job
 from models.tenants import Principal
@@ -175,49 +175,46 @@ def retrieve_job(
 def cancel_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> FineTuningJob:
     """A queued or paused job is cancelled at once; a running one after its current step. A finished job
     is a 400 (a retry cannot change it)."""
-    with session_scope(services.sessions) as s:
-        outcome = jobs_db.request_cancel(s, job_id=_get(s, job_id, principal).id)
-    with services.sessions() as s:
-        job = _get(s, job_id, principal)
-        if outcome == "finished":
-            raise Conflict(
-                f"job {job_id} already {job.status}", code="job_finished", param="fine_tuning_job_id"
-            )
-        return job_object(job, services.storage)
+    return _control(
+        job_id, services, principal, lambda: control.cancel(services.sessions, job_id=job_id, param=ID)
+    )
 
 
 @router.post("/{job_id}/pause", response_model=FineTuningJob, responses=documented(404))
 def pause_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> FineTuningJob:
     """A queued job pauses at once; a running one checkpoints after its current step and then shows paused
     (until then: running)."""
-    with session_scope(services.sessions) as s:
-        paused = jobs_db.request_pause(s, job_id=_get(s, job_id, principal).id)
-    with services.sessions() as s:
-        job = _get(s, job_id, principal)
-        if not paused:
-            raise Conflict(
-                f"job {job_id} is {job.status}; only a queued or running job can be paused",
-                code="job_not_pausable",
-                param="fine_tuning_job_id",
-            )
-        return job_object(job, services.storage)
+    return _control(
+        job_id, services, principal, lambda: control.pause(services.sessions, job_id=job_id, param=ID)
+    )
 
 
 @router.post("/{job_id}/resume", response_model=FineTuningJob, responses=documented(404))
 def resume_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> FineTuningJob:
     """A paused job goes back to the queue and continues from its checkpoint."""
-    with session_scope(services.sessions) as s:
-        resumed = jobs_db.resume(s, job_id=_get(s, job_id, principal).id)
+    return _control(
+        job_id,
+        services,
+        principal,
+        lambda: control.resume(services.sessions, job_id=job_id, param=ID),
+        wake=True,
+    )
+
+
+ID = "fine_tuning_job_id"
+
+
+def _control(
+    job_id: str, services: Services, principal: Principal, act: Callable[[], None], wake: bool = False
+) -> FineTuningJob:
+    """The caller's job after `act` (a models.control action; its Conflict answers 400 here)."""
     with services.sessions() as s:
-        job = _get(s, job_id, principal)
-        if not resumed:
-            raise Conflict(
-                f"job {job_id} is {job.status}; only a paused job can be resumed",
-                code="job_not_paused",
-                param="fine_tuning_job_id",
-            )
-        out = job_object(job, services.storage)
-    services.enqueue(job_id)  # after the commit; if the broker is down the reaper re-sends it
+        _get(s, job_id, principal)
+    act()
+    with services.sessions() as s:
+        out = job_object(_get(s, job_id, principal), services.storage)
+    if wake:  # after the commit and the read: the answer is the job as resumed, queued
+        services.enqueue(job_id)  # if the broker is down the reaper re-sends it
     return out
 
 

@@ -3,6 +3,7 @@ downloads. Translation only: the work is in models (submission, jobs)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
@@ -29,6 +30,7 @@ from core.errors import Conflict, NotFound
 from core.run_protocol import EvalRecord, StepRecord, read_records
 from core.spec import JobSpec
 from core.states import JobStatus
+from models import control
 from models import jobs as jobs_db
 from models.db import session_scope
 from models.placement import Placer
@@ -101,50 +103,43 @@ def get_job(job_id: str, session: SessionDep, services: ServicesDep, principal: 
 def cancel_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> JobOut:
     """Cancel: a queued or paused job at once; a running one stops after its current step and saves a
     checkpoint."""
-    with session_scope(services.sessions) as s:
-        outcome = jobs_db.request_cancel(s, job_id=_get(s, job_id, principal).id)
-    with services.sessions() as s:
-        job = _get(s, job_id, principal)
-        if outcome == "finished":
-            raise Conflict(f"job {job_id} already {job.status}", code="job_finished", param="job_id")
-        return job_out(job)
+    return _control(
+        job_id, services, principal, lambda: control.cancel(services.sessions, job_id=job_id, param="job_id")
+    )
 
 
 @router.post("/{job_id}/pause", status_code=202, response_model=JobOut, responses=errors(404, 409))
 def pause_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> JobOut:
     """Pause: a queued job at once (`paused`); a running one is `pausing` until it has saved a checkpoint
     after its current step and stopped (`paused`). POST /jobs/{id}/resume continues it from there."""
-    with session_scope(services.sessions) as s:
-        paused = jobs_db.request_pause(s, job_id=_get(s, job_id, principal).id)
-    with services.sessions() as s:
-        job = _get(s, job_id, principal)
-        if not paused:
-            why = " (a cancel was requested)" if job.cancel_requested else ""
-            raise Conflict(
-                f"job {job_id} is {job.status}{why}; only a queued or running job can be paused",
-                code="job_not_pausable",
-                param="job_id",
-                details={"status": job.status, "cancel_requested": job.cancel_requested},
-            )
-        return job_out(job)
+    return _control(
+        job_id, services, principal, lambda: control.pause(services.sessions, job_id=job_id, param="job_id")
+    )
 
 
 @router.post("/{job_id}/resume", status_code=202, response_model=JobOut, responses=errors(404, 409))
 def resume_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> JobOut:
     """Resume a paused job: it is queued again and continues from its last checkpoint."""
-    with session_scope(services.sessions) as s:
-        resumed = jobs_db.resume(s, job_id=_get(s, job_id, principal).id)
+    return _control(
+        job_id,
+        services,
+        principal,
+        lambda: control.resume(services.sessions, job_id=job_id, param="job_id"),
+        wake=True,
+    )
+
+
+def _control(
+    job_id: str, services: Services, principal: Principal, act: Callable[[], None], wake: bool = False
+) -> JobOut:
+    """The caller's job after `act` (a models.control action; its Conflict answers 409)."""
     with services.sessions() as s:
-        job = _get(s, job_id, principal)
-        if not resumed:
-            raise Conflict(
-                f"job {job_id} is {job.status}; only a paused job can be resumed",
-                code="job_not_paused",
-                param="job_id",
-                details={"status": job.status},
-            )
-        out = job_out(job)
-    services.enqueue(job_id)  # after the commit; if the broker is down the reaper re-sends it
+        _get(s, job_id, principal)
+    act()
+    with services.sessions() as s:
+        out = job_out(_get(s, job_id, principal))
+    if wake:  # after the commit and the read: the answer is the job as resumed, queued
+        services.enqueue(job_id)  # if the broker is down the reaper re-sends it
     return out
 
 
