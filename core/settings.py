@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     # (shorter than the idle timeouts of proxies in between).
     sse_poll_seconds: float = Field(default=1.0, gt=0)
     sse_keepalive_seconds: float = Field(default=15.0, gt=0)
+    # An OpenAI-compatible inference engine (ftune's `inference.server`, or vLLM with --enable-lora) to which
+    # /v1/chat/completions is forwarded; `ftune up` starts ftune's own and sets this. Empty: no chat (503).
+    inference_url: str = ""
 
     @model_validator(mode="after")
     def _absolute_paths(self) -> Settings:
