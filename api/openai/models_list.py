@@ -1,0 +1,72 @@
+"""GET /v1/models and /v1/models/{model}: what the caller can name in chat completions.
+
+OpenAI's model object `{id, object: "model", created, owned_by}` for every base model in the local catalog
+(owned by "ftune") and the caller's tenant's fine-tuned models (owned by the organization, as the job
+object's organization_id says). One list, not paged (OpenAI does not page it), and only the caller's.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter
+from pydantic import BaseModel
+
+from api.auth import PrincipalDep
+from api.deps import ServicesDep
+from api.openai.chat import model_not_found
+from api.openai.errors import AUTHED, OpenAIRoute, documented
+from core import ft_names
+from core.catalog import BaseModelInfo
+from core.errors import FtuneError
+from models import served
+
+router = APIRouter(prefix="/models", tags=["openai: models"], route_class=OpenAIRoute)
+BASE_OWNER = "ftune"
+
+
+class ModelObject(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelObject]
+
+
+def _base(info: BaseModelInfo) -> ModelObject:
+    try:  # a local directory has no publication date; when it was put here is the closest
+        created = int((info.path / "config.json").stat().st_mtime)
+    except OSError:
+        created = 0
+    return ModelObject(id=info.name, created=created, owned_by=BASE_OWNER)
+
+
+def _tuned(model: served.FineTunedModel) -> ModelObject:
+    return ModelObject(id=model.name, created=int(model.created.timestamp()), owned_by=model.tenant_id)
+
+
+@router.get("", response_model=ModelList, responses=documented(*AUTHED))
+def list_models(services: ServicesDep, principal: PrincipalDep) -> ModelList:
+    """`client.models.list()`: the base models, then the caller's fine-tuned models (newest first)."""
+    with services.sessions() as s:
+        tuned = served.of_tenant(s, principal.tenant_id)
+    return ModelList(data=[_base(m) for m in services.catalog.list()] + [_tuned(m) for m in tuned])
+
+
+@router.get("/{model:path}", response_model=ModelObject, responses=documented(*AUTHED, 404))
+def retrieve_model(model: str, services: ServicesDep, principal: PrincipalDep) -> ModelObject:
+    """`client.models.retrieve(model)`; another organization's fine-tuned model is 404, like a missing one."""
+    if ft_names.is_fine_tuned(model):
+        with services.sessions() as s:
+            found = served.find(s, model, principal.tenant_id)
+        if found is None:
+            raise model_not_found(model)
+        return _tuned(found)
+    try:
+        return _base(services.catalog.get(model))
+    except FtuneError:
+        raise model_not_found(model) from None

@@ -1,0 +1,155 @@
+"""The official openai SDK's `client.chat.completions` against a real API (uvicorn, SQLite) forwarding to a
+test double of the inference engine (tests/openai/engine_double.py) over real sockets.
+
+What the API owns is tested here: who may call which model (404 model_not_found for another organization's
+`ft:` name, an unknown one, a checkpoint's), the adapter registered from the job id (path under the job's
+directory, base model from the job), registered again when the engine forgot it, the body forwarded as
+sent, SSE passed through, the engine's errors passed on with their status (429 with Retry-After), 503
+inference_unavailable without an engine, and cheap bounds as 400 with the parameter named.
+The real engine answering is tests/e2e/test_chat_e2e.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import openai
+import pytest
+
+from core import ft_names
+from core.storage import Storage
+from tests.e2e.stack import TEST_ADMIN_KEY, free_port
+from tests.openai.conftest import Server
+from tests.openai.engine_double import ChatStack, chat_stack, start_api  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.slow
+HI = [{"role": "user", "content": "hello there"}]
+
+
+def ft_name(tenant_id: str, job_id: str) -> str:
+    return ft_names.fine_tuned_model("tiny", tenant_id, "demo", job_id)
+
+
+def test_a_base_model_answers_and_streams(chat_stack: ChatStack) -> None:  # noqa: F811
+    sdk, _ = chat_stack.tenant()
+    with sdk:
+        answer = sdk.chat.completions.create(model="tiny", messages=HI, max_tokens=5, temperature=0, seed=3)
+        assert answer.choices[0].message.content == "echo tiny: hello there"
+        assert answer.usage is not None and answer.usage.total_tokens == 5
+        forwarded = chat_stack.engine.chats[-1]
+        assert forwarded == {"model": "tiny", "messages": HI, "max_tokens": 5, "temperature": 0, "seed": 3}
+
+        with sdk.chat.completions.with_streaming_response.create(
+            model="tiny", messages=HI, stream=True
+        ) as raw:
+            assert raw.headers["content-type"].startswith("text/event-stream")
+            lines = [line for line in raw.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]" and len(lines) == 5  # a chunk per word
+
+        stream = sdk.chat.completions.create(model="tiny", messages=HI, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in stream)
+        assert text == "echo tiny: hello there"
+
+
+def test_a_fine_tuned_model_registers_its_adapter_from_the_job_id(chat_stack: ChatStack) -> None:  # noqa: F811
+    sdk, tenant_id = chat_stack.tenant()
+    job_id = chat_stack.finished_job(tenant_id)
+    model = ft_name(tenant_id, job_id)
+    engine = chat_stack.engine
+    with sdk:
+        for _ in range(2):  # registered once, then remembered
+            answer = sdk.chat.completions.create(model=model, messages=HI)
+            assert answer.choices[0].message.content == f"echo {model}: hello there"
+        loads = [b for b in engine.loads if b["lora_name"] == model]
+        adapter = Storage(chat_stack.data_dir).adapter_dir(job_id)
+        assert loads == [{"lora_name": model, "lora_path": str(adapter), "base_model": "tiny"}]
+
+        engine.restart()  # the engine forgot it: 404, registered again, the request retried once
+        stream = sdk.chat.completions.create(model=model, messages=HI, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream) == f"echo {model}: hello there"
+        assert len([b for b in engine.loads if b["lora_name"] == model]) == 2
+
+
+def test_another_organizations_or_unknown_model_is_404_model_not_found(chat_stack: ChatStack) -> None:  # noqa: F811
+    owner_sdk, owner = chat_stack.tenant()
+    sdk, tenant_id = chat_stack.tenant()
+    theirs = ft_name(owner, chat_stack.finished_job(owner))
+    failed = ft_name(tenant_id, chat_stack.finished_job(tenant_id, status="failed"))
+    mine = ft_name(tenant_id, chat_stack.finished_job(tenant_id))
+    unknown = ft_name(tenant_id, "0" * 32)
+    renamed = mine.replace(":demo:", ":other:")  # the right job id under another name
+    before = len(chat_stack.engine.chats)
+    with sdk, owner_sdk:
+        for model in (theirs, failed, unknown, renamed, "no-such-base", "ft:garbage"):
+            with pytest.raises(openai.NotFoundError) as e:
+                sdk.chat.completions.create(model=model, messages=HI)
+            assert e.value.code == "model_not_found" and e.value.param == "model", model
+            assert e.value.body["type"] == "invalid_request_error"
+        with pytest.raises(openai.NotFoundError) as e:
+            sdk.chat.completions.create(model=f"{mine}:ckpt-step-10", messages=HI)
+        assert (
+            e.value.code == "model_not_found" and "Checkpoints' models are not served yet" in e.value.message
+        )
+        assert len(chat_stack.engine.chats) == before  # none reached the engine
+        assert owner_sdk.chat.completions.create(model=theirs, messages=HI).choices  # the owner's does answer
+
+
+def test_the_engines_errors_pass_through_with_status_and_retry_after(chat_stack: ChatStack) -> None:  # noqa: F811
+    sdk, _ = chat_stack.tenant()
+    with sdk:
+        with pytest.raises(openai.RateLimitError) as e:
+            sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "overload"}])
+        assert e.value.status_code == 429 and e.value.code == "engine_overloaded"
+        assert e.value.response.headers["retry-after"] == "7"
+        with pytest.raises(openai.RateLimitError) as e:
+            sdk.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "overload"}], stream=True
+            )
+        assert e.value.code == "engine_overloaded"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"messages": []}, "messages"),
+        ({"n": 0}, "n"),
+        ({"n": 100}, "n"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": 10**6}, "max_completion_tokens"),
+        ({"temperature": 3}, "temperature"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+    ],
+)
+def test_cheap_bounds_are_400_with_the_parameter(
+    chat_stack: ChatStack,  # noqa: F811
+    extra: dict[str, object],
+    param: str,
+) -> None:
+    sdk, _ = chat_stack.tenant()
+    before = len(chat_stack.engine.chats)
+    with sdk, pytest.raises(openai.BadRequestError) as e:
+        sdk.chat.completions.create(**({"model": "tiny", "messages": HI} | extra))  # type: ignore[call-overload]
+    assert e.value.param == param and e.value.code == "invalid_request"
+    assert len(chat_stack.engine.chats) == before
+
+
+def test_no_engine_configured_is_503_inference_unavailable(server: Server) -> None:
+    sdk, native = server.tenant()
+    with sdk, native, pytest.raises(openai.InternalServerError) as e:
+        sdk.chat.completions.create(model="tiny", messages=HI)
+    assert e.value.status_code == 503 and e.value.code == "inference_unavailable"
+    assert "FTUNE_INFERENCE_URL" in e.value.message
+
+
+def test_an_engine_that_is_down_is_503_inference_unavailable(tmp_path: Path) -> None:
+    # nothing listens on the port: connection refused
+    api, base, _ = start_api(tmp_path, FTUNE_INFERENCE_URL=f"http://127.0.0.1:{free_port()}")
+    try:
+        with openai.OpenAI(api_key=TEST_ADMIN_KEY, base_url=f"{base}/v1", max_retries=0) as sdk:
+            for stream in (False, True):
+                with pytest.raises(openai.InternalServerError) as e:
+                    sdk.chat.completions.create(model="tiny", messages=HI, stream=stream)
+                assert e.value.status_code == 503 and e.value.code == "inference_unavailable"
+                assert "cannot be reached" in e.value.message
+    finally:
+        api.stop()

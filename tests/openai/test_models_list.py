@@ -1,0 +1,44 @@
+"""The official openai SDK's `client.models` against a real API: the catalog's base models and the caller's
+own fine-tuned models (succeeded, not deleted), never another organization's."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from core import ft_names
+from tests.openai.engine_double import ChatStack, chat_stack  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.slow
+
+
+def test_list_and_retrieve_show_only_the_callers_models(chat_stack: ChatStack) -> None:  # noqa: F811
+    sdk, tenant_id = chat_stack.tenant()
+    other_sdk, other = chat_stack.tenant()
+    mine = ft_names.fine_tuned_model("tiny", tenant_id, "demo", chat_stack.finished_job(tenant_id))
+    running = ft_names.fine_tuned_model(
+        "tiny", tenant_id, "demo", chat_stack.finished_job(tenant_id, "running")
+    )
+    theirs = ft_names.fine_tuned_model("tiny", other, "demo", chat_stack.finished_job(other))
+    with sdk, other_sdk:
+        listed = {m.id: m for m in sdk.models.list()}
+        assert set(listed) == {"tiny", mine}
+        assert listed["tiny"].owned_by == "ftune" and listed["tiny"].object == "model"
+        assert listed[mine].owned_by == tenant_id and listed[mine].created > 0
+        assert {m.id for m in other_sdk.models.list()} == {"tiny", theirs}
+
+        got = sdk.models.retrieve(mine)
+        assert (got.id, got.owned_by, got.object) == (mine, tenant_id, "model")
+        assert sdk.models.retrieve("tiny").owned_by == "ftune"
+        for model in (theirs, running, "no-such-base", f"{mine}:ckpt-step-1"):
+            with pytest.raises(openai.NotFoundError) as e:
+                sdk.models.retrieve(model)
+            assert e.value.code == "model_not_found", model
+
+
+def test_models_need_a_key(chat_stack: ChatStack) -> None:  # noqa: F811
+    with openai.OpenAI(api_key="ftk_nope", base_url=f"{chat_stack.base}/v1", max_retries=0) as sdk:
+        with pytest.raises(openai.AuthenticationError):
+            sdk.models.list()
+        with pytest.raises(openai.AuthenticationError):
+            sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
