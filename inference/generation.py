@@ -1,0 +1,167 @@
+"""One completion: transformers' `generate` on the model as it is set (adapter on or off), token by token.
+
+`generate` itself decodes (greedy for temperature 0, else sampling with temperature and top_p, no top-k),
+so the engine's tokens are those of a plain `generate` call. A streamer receives each new token; text is
+released as soon as it cannot be the start of a stop string, and a stop string or a cancelled request
+ends generation at the next step through a stopping criterion.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int | None  # None: up to the model's context
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # vLLM's sampling extension: generate exactly max_tokens (benchmarks)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Completion:
+    text: str = ""
+    tokens: int = 0
+    finish_reason: str = "length"
+
+
+@dataclass
+class _Decoder:
+    """Generated ids -> text released so far, holding back what might still become a stop string."""
+
+    tokenizer: object
+    stop: tuple[str, ...]
+    eos: set[int]
+    on_text: Callable[[str], None]
+    ids: list[int] = field(default_factory=list)
+    released: int = 0
+    stopped: bool = False
+    text: str = ""
+
+    def add(self, token: int) -> None:
+        if self.stopped:
+            return
+        if token in self.eos:
+            self.stopped = True
+            return
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)  # type: ignore[attr-defined]
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its next bytes
+            return
+        for s in self.stop:
+            at = text.find(s)
+            if at != -1:
+                text, self.stopped = text[:at], True
+        self.text = text
+        hold = 0 if self.stopped else _held_back(text, self.stop)
+        self._release(len(text) - hold)
+
+    def finish(self) -> None:
+        self._release(len(self.text))
+
+    def _release(self, upto: int) -> None:
+        if upto > self.released:
+            self.on_text(self.text[self.released : upto])
+            self.released = upto
+
+
+def _held_back(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest end of `text` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
+
+
+def generate(
+    model,
+    tokenizer,
+    prompt: list[int],
+    sampling: Sampling,
+    on_text: Callable[[str], None],
+    cancelled: threading.Event | None = None,
+) -> Completion:
+    """Generate one completion of `prompt` with `model` as it is set; `on_text` gets each released piece."""
+    from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+    from transformers.generation.streamers import BaseStreamer
+
+    eos = _eos_ids(model, tokenizer)
+    decoder = _Decoder(tokenizer, sampling.stop, set() if sampling.ignore_eos else eos, on_text)
+    count = [0]
+
+    class Streamer(BaseStreamer):
+        first = True
+
+        def put(self, value: torch.Tensor) -> None:
+            if self.first:  # generate passes the prompt first
+                self.first = False
+                return
+            for t in value.reshape(-1).tolist():
+                count[0] += 1
+                decoder.add(t)
+
+        def end(self) -> None:
+            pass
+
+    class Stop(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs) -> torch.Tensor:
+            done = decoder.stopped or (cancelled is not None and cancelled.is_set())
+            return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+    config = GenerationConfig(
+        max_new_tokens=sampling.max_tokens,
+        do_sample=not sampling.greedy,
+        temperature=None if sampling.greedy else sampling.temperature,
+        top_p=None if sampling.greedy else sampling.top_p,
+        top_k=None if sampling.greedy else 0,
+        eos_token_id=None if sampling.ignore_eos else sorted(eos),
+        pad_token_id=_pad_id(tokenizer, eos),
+        bos_token_id=getattr(model.generation_config, "bos_token_id", None),
+        use_cache=True,
+    )
+    ids = torch.tensor([prompt], dtype=torch.long, device=_device(model))
+    with torch.inference_mode():
+        model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            generation_config=config,
+            streamer=Streamer(),
+            stopping_criteria=StoppingCriteriaList([Stop()]),
+        )
+    decoder.finish()
+    reason = "stop" if decoder.stopped else "length"
+    return Completion(text=decoder.text, tokens=count[0], finish_reason=reason)
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    """The model's end tokens: its generation config's (e.g. the demo's </s> and <|im_end|>), else the
+    tokenizer's EOS."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return set()
+    return set(eos) if isinstance(eos, list | tuple) else {int(eos)}
+
+
+def _pad_id(tokenizer, eos: set[int]) -> int | None:
+    if tokenizer.pad_token_id is not None:
+        return int(tokenizer.pad_token_id)
+    return min(eos) if eos else None
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device

@@ -1,0 +1,265 @@
+"""The engine's HTTP surface, shaped like vLLM's OpenAI server (`vllm serve --enable-lora`).
+
+  python -m inference.server --host 127.0.0.1 --port 8001 [--max-adapters 8] [--max-waiting 32]
+                             [--timeout-seconds 120] [--memory-bytes N] [--adapter-root DIR]
+
+GET /health, GET /v1/models, POST /v1/chat/completions (OpenAI's shapes, SSE when stream), and vLLM's
+POST /v1/load_lora_adapter {"lora_name", "lora_path", "base_model"?} and /v1/unload_lora_adapter
+{"lora_name"} (200 with a plain-text line, as vLLM answers). Errors are OpenAI's error object.
+Base models come from the catalog (FTUNE_MODELS_DIR, FTUNE_HF_CACHE_DIR), as everywhere in ftune.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from core.catalog import Catalog
+from core.errors import FtuneError
+from inference.engine import Engine, seed_everything
+from inference.errors import EngineError
+from inference.scheduler import DONE, Scheduler, Ticket
+from inference.schemas import ChatRequest, LoadAdapter, UnloadAdapter
+
+log = logging.getLogger("ftune.inference")
+
+
+def create_app(engine: Engine, *, max_waiting: int = 32, timeout_seconds: float = 120.0) -> FastAPI:
+    scheduler = Scheduler(max_waiting=max_waiting, timeout_seconds=timeout_seconds)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        scheduler.close()
+
+    app = FastAPI(title="ftune inference engine", lifespan=lifespan)
+    app.state.engine, app.state.scheduler = engine, scheduler
+
+    @app.exception_handler(EngineError)
+    async def _engine_error(_: Request, e: EngineError) -> JSONResponse:
+        headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else None
+        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+    @app.exception_handler(FtuneError)
+    async def _ftune_error(_: Request, e: FtuneError) -> JSONResponse:
+        return JSONResponse(EngineError(400, e.code, e.message, param=e.param).body(), status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+        return JSONResponse(EngineError(400, "invalid_value", message, param=param).body(), status_code=400)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        now = int(time.time())
+        data = [
+            {
+                "id": m.name,
+                "object": "model",
+                "created": now,
+                "owned_by": "ftune",
+                "root": m.name,
+                "parent": None,
+            }
+            for m in engine.base_models()
+        ]
+        data += [
+            {
+                "id": a.name,
+                "object": "model",
+                "created": now,
+                "owned_by": "ftune",
+                "root": str(a.path),
+                "parent": a.base,
+            }
+            for a in engine.adapters()
+        ]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(body: LoadAdapter) -> PlainTextResponse:
+        engine.register(body.lora_name, body.lora_path, body.base_model)
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(body: UnloadAdapter) -> PlainTextResponse:
+        engine.unregister(body.lora_name)
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatRequest) -> JSONResponse | StreamingResponse:
+        body.refuse_unsupported()
+        target = engine.resolve(body.model)
+        messages, sampling = body.chat_messages(), body.sampling()
+
+        def work(ticket: Ticket) -> None:
+            prepared = engine.start(target, messages, sampling)
+            ticket.emit(("ready", len(prepared.prompt)))
+            if body.seed is not None:
+                seed_everything(body.seed)
+            for i in range(body.n):
+                done = engine.generate(
+                    prepared, lambda text, i=i: ticket.emit(("delta", i, text)), ticket.cancelled
+                )
+                ticket.emit(("finish", i, done))
+                if ticket.cancelled.is_set():
+                    return
+
+        ticket = scheduler.submit(work)
+        try:
+            await scheduler.wait_start(ticket)
+            _, prompt_tokens = await _next(ticket)
+        except BaseException:
+            scheduler.withdraw(ticket)
+            raise
+        reply = Reply(body, prompt_tokens)
+        if not body.stream:
+            return JSONResponse(await reply.collect(ticket))
+        return StreamingResponse(
+            reply.stream(ticket, scheduler),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    return app
+
+
+async def _next(ticket: Ticket) -> tuple:
+    """The next event of a ticket; an error event is raised (before a stream starts: as its HTTP status)."""
+    event = await ticket.events.get()
+    if event is DONE:
+        raise EngineError(500, "engine_error", "the engine ended the request without an answer")
+    if event[0] == "error":
+        raise event[1]
+    return event
+
+
+class Reply:
+    """The completion's OpenAI shapes, from the ticket's events (deltas and finishes per choice)."""
+
+    def __init__(self, body: ChatRequest, prompt_tokens: int) -> None:
+        self.body = body
+        self.prompt_tokens = prompt_tokens
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def usage(self, completion_tokens: int) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": self.prompt_tokens + completion_tokens,
+        }
+
+    async def collect(self, ticket: Ticket) -> dict[str, Any]:
+        choices: dict[int, dict[str, Any]] = {}
+        tokens = 0
+        while (event := await ticket.events.get()) is not DONE:
+            if event[0] == "error":
+                raise event[1]
+            if event[0] == "finish":
+                i, done = event[1], event[2]
+                tokens += done.tokens
+                choices[i] = {
+                    "index": i,
+                    "message": {"role": "assistant", "content": done.text},
+                    "logprobs": None,
+                    "finish_reason": done.finish_reason,
+                }
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.body.model,
+            "choices": [choices[i] for i in sorted(choices)],
+            "usage": self.usage(tokens),
+        }
+
+    async def stream(self, ticket: Ticket, scheduler: Scheduler) -> AsyncIterator[str]:
+        with_usage = bool(self.body.stream_options and self.body.stream_options.include_usage)
+        tokens = 0
+        try:
+            for i in range(self.body.n):
+                yield self._chunk(with_usage, i, {"role": "assistant", "content": ""})
+            while (event := await ticket.events.get()) is not DONE:
+                if event[0] == "delta":
+                    yield self._chunk(with_usage, event[1], {"content": event[2]})
+                elif event[0] == "finish":
+                    tokens += event[2].tokens
+                    yield self._chunk(with_usage, event[1], {}, event[2].finish_reason)
+                elif event[0] == "error":
+                    yield f"data: {json.dumps(event[1].body())}\n\n"
+            if with_usage:
+                yield self._data({**self._head(), "choices": [], "usage": self.usage(tokens)})
+            yield "data: [DONE]\n\n"
+        finally:
+            scheduler.withdraw(ticket)  # a client that went away stops generation at the next token
+
+    def _head(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.body.model,
+        }
+
+    def _chunk(self, with_usage: bool, index: int, delta: dict, finish: str | None = None) -> str:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        chunk: dict[str, Any] = {**self._head(), "choices": [choice]}
+        if with_usage:
+            chunk["usage"] = None
+        return self._data(chunk)
+
+    @staticmethod
+    def _data(obj: dict[str, Any]) -> str:
+        return f"data: {json.dumps(obj)}\n\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m inference.server", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--max-adapters", type=int, default=8, help="LoRA adapters resident per base model")
+    p.add_argument("--max-waiting", type=int, default=32, help="requests waiting beyond it get 429")
+    p.add_argument("--timeout-seconds", type=float, default=120.0, help="a wait longer than this gets 504")
+    p.add_argument("--memory-bytes", type=int, default=None, help="bound on base + adapters + buffers")
+    p.add_argument("--adapter-root", type=Path, default=None, help="accept lora_path only under this dir")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    from core.settings import Settings
+
+    args = parse_args(argv)
+    settings = Settings()
+    engine = Engine(
+        Catalog(settings.models_dir, settings.hf_cache_dir),
+        max_adapters=args.max_adapters,
+        memory_bytes=args.memory_bytes,
+        adapter_root=args.adapter_root.resolve() if args.adapter_root else None,
+    )
+    app = create_app(engine, max_waiting=args.max_waiting, timeout_seconds=args.timeout_seconds)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+
+
+if __name__ == "__main__":
+    main()
