@@ -10,12 +10,16 @@ Records, in order of appearance (typed below, told apart by "type"):
               reward accuracy and margin, log-probs)
   eval        after an evaluation: eval loss and token accuracy, the best so far
   checkpoint  after a checkpoint is complete on disk
+  samples     before/after greedy completions (spec.sample_prompts): at an evaluation (sample_at_eval)
+              and at the end, before done
   stopped     after a stop request (SIGTERM), last: the run saved a checkpoint and will resume
   done        the adapter (and a merged export, if asked) is written, last
 
 The file is append-only, also across resumes: a process killed after its last checkpoint may have
 written step records that the resumed process repeats. The resume rule: a start record with
-resumed_from_step = k supersedes every earlier step, eval and checkpoint record with step > k.
+resumed_from_step = k supersedes every earlier step, eval, checkpoint and samples record with step > k
+(samples at step k itself, e.g. the end's when a run died before done, are kept: latest_samples
+keeps one set per (step, at), the newest).
 `read_records` applies it; every reader (worker, API, tests) goes through it or through RecordTail.
 """
 
@@ -120,6 +124,21 @@ class CheckpointRecord(_Record):
     path: str
 
 
+class SampleItem(_Record):
+    """One prompt (as given, or a dataset example's prompt) and its two greedy completions."""
+
+    prompt: str | list[dict[str, str]]  # a string, or chat messages ({"role", "content"})
+    base: str  # the base model's completion (the adapter disabled)
+    tuned: str  # the fine-tuned model's completion
+
+
+class SamplesRecord(_Record):
+    type: Literal["samples"] = "samples"
+    step: int
+    at: Literal["eval", "end"]
+    items: list[SampleItem]
+
+
 class StoppedRecord(_Record):
     type: Literal["stopped"] = "stopped"
     step: int
@@ -136,11 +155,11 @@ class DoneRecord(_Record):
 
 
 Record = Annotated[
-    StartRecord | StepRecord | EvalRecord | CheckpointRecord | StoppedRecord | DoneRecord,
+    StartRecord | StepRecord | EvalRecord | CheckpointRecord | SamplesRecord | StoppedRecord | DoneRecord,
     Field(discriminator="type"),
 ]
 _RECORD: TypeAdapter[Record] = TypeAdapter(Record)
-SUPERSEDED_BY_RESUME = (StepRecord, EvalRecord, CheckpointRecord)
+SUPERSEDED_BY_RESUME = (StepRecord, EvalRecord, CheckpointRecord, SamplesRecord)
 
 
 def encode(record: _Record) -> str:
@@ -196,6 +215,17 @@ class RecordTail:
         self.offset += len(data)
         *lines, self.partial = (self.partial + data).split(b"\n")
         return [rec for rec in map(parse_record, lines) if rec is not None]
+
+
+def latest_samples(records: list[Record]) -> list[SamplesRecord]:
+    """The samples records in order, one per (step, at): a resumed run that samples again at the same
+    point (its end, when it died before done) replaces the earlier set instead of adding one."""
+    kept: dict[tuple[int, str], SamplesRecord] = {}
+    for r in records:
+        if isinstance(r, SamplesRecord):
+            kept.pop((r.step, r.at), None)
+            kept[(r.step, r.at)] = r
+    return sorted(kept.values(), key=lambda r: (r.step, r.at == "end"))
 
 
 def read_error(path: Path) -> tuple[str, str] | None:

@@ -11,6 +11,7 @@ worker busy for days or a planner asked about absurd sizes:
 - learning_rate in (0, 0.1]: AdamW diverges well below 0.1; LoRA typically uses 1e-5 .. 1e-3.
 - weight_decay <= 1, max_grad_norm <= 1000, lora_dropout < 0.9, num_gpus <= 256.
 - at most 64 target modules; no NaN or infinity anywhere (they are not JSON either).
+- before/after samples: at most 32 prompts of at most 4000 characters (16 messages), 1-512 new tokens.
 """
 
 from __future__ import annotations
@@ -36,6 +37,22 @@ Objective = Literal["sft", "dpo"]
 LossType = Literal["sigmoid", "ipo", "simpo"]
 # Fields for objective "dpo" only: a value other than the default is refused with "sft".
 DPO_FIELDS = ("beta", "loss_type", "simpo_gamma", "rpo_alpha")
+# Before/after samples (training.samples): bounded so sampling stays a small share of a job's time.
+MAX_SAMPLE_PROMPTS = 32
+MAX_SAMPLE_CHARS = 4000
+MAX_SAMPLE_MESSAGES = 16
+SAMPLE_ROLES = ("system", "user", "assistant")
+
+
+class SampleMessage(BaseModel):
+    """One chat message of a sample prompt (core.data's roles; the last message is a user turn)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+SamplePrompt = str | list[SampleMessage]
 
 
 class JobSpec(BaseModel):
@@ -122,6 +139,20 @@ class JobSpec(BaseModel):
         "adapter", description="merged: also export the base model with the adapter merged in."
     )
 
+    # Before/after samples (README "Samples before and after"): greedy completions of the base (adapter
+    # disabled) and of the tuned model. Off by default: sampling adds generation time to every job and
+    # its KV cache is not in the plan, so a job pays for it only when asked.
+    sample_prompts: int | list[SamplePrompt] = Field(
+        0,
+        description="N (0-32): up to N prompts from the validation split (without one, the training "
+        "file's first examples); or a list of up to 32 prompts, each a string or a list of chat messages "
+        "ending with a user turn. 0: no samples.",
+    )
+    sample_max_tokens: int = Field(64, ge=1, le=512, description="New tokens per sample completion.")
+    sample_at_eval: bool = Field(
+        False, description="Also sample at each evaluation (needs validation); false: at the end only."
+    )
+
     # None means the method's default: on for qlora, off otherwise.
     gradient_checkpointing: bool | None = None
     checkpoint_every_steps: int = Field(50, ge=0, le=1_000_000, description="0: only at the end.")
@@ -165,6 +196,28 @@ class JobSpec(BaseModel):
         if v is not None and not ID_RE.match(v):
             raise ValueError("must be the id of an earlier job (GET /jobs)")
         return v
+
+    @field_validator("sample_prompts", mode="before")
+    @classmethod
+    def _sample_prompts(cls, v: Any) -> Any:
+        # Checked by hand, before pydantic's union, so that each problem is one clear message.
+        if isinstance(v, int) and not isinstance(v, bool):
+            if not 0 <= v <= MAX_SAMPLE_PROMPTS:
+                raise ValueError(f"a number of prompts must be 0-{MAX_SAMPLE_PROMPTS}")
+            return v
+        if not isinstance(v, list):
+            raise ValueError(f"must be a number of prompts (0-{MAX_SAMPLE_PROMPTS}) or a list of prompts")
+        if not 1 <= len(v) <= MAX_SAMPLE_PROMPTS:
+            raise ValueError(f"a list must hold 1-{MAX_SAMPLE_PROMPTS} prompts, not {len(v)}")
+        return [_check_sample_prompt(i, p) for i, p in enumerate(v)]
+
+    @model_validator(mode="after")
+    def _samples(self) -> JobSpec:
+        if self.sample_at_eval and not self.sample_prompts:
+            raise ValueError("sample_at_eval needs sample_prompts")
+        if self.sample_at_eval and not self.has_validation:
+            raise ValueError("sample_at_eval needs validation_fraction or validation_dataset_id")
+        return self
 
     @model_validator(mode="after")
     def _objective_fields(self) -> JobSpec:
@@ -228,6 +281,38 @@ class JobSpec(BaseModel):
     @property
     def effective_batch_size(self) -> int:
         return self.micro_batch_size * self.gradient_accumulation_steps * self.num_gpus
+
+
+def _check_sample_prompt(i: int, p: Any) -> Any:
+    """One prompt of sample_prompts (a string, or chat messages ending with a user turn), as given."""
+    where = f"prompt {i}"
+    if isinstance(p, str):
+        if not p.strip():
+            raise ValueError(f"{where} is empty")
+        if len(p) > MAX_SAMPLE_CHARS:
+            raise ValueError(f"{where} is over {MAX_SAMPLE_CHARS} characters")
+        return p
+    if not isinstance(p, list) or not p:
+        raise ValueError(f"{where} must be a string or a non-empty list of chat messages")
+    if len(p) > MAX_SAMPLE_MESSAGES:
+        raise ValueError(f"{where} has over {MAX_SAMPLE_MESSAGES} messages")
+    total = 0
+    for j, m in enumerate(p):
+        if isinstance(m, SampleMessage):
+            m = m.model_dump()
+        if not isinstance(m, dict) or set(m) != {"role", "content"}:
+            raise ValueError(f"{where}, message {j} must be an object with role and content only")
+        if m["role"] not in SAMPLE_ROLES:
+            raise ValueError(f"{where}, message {j}: role must be one of {', '.join(SAMPLE_ROLES)}")
+        if not isinstance(m["content"], str) or not m["content"].strip():
+            raise ValueError(f"{where}, message {j}: content must be a non-empty string")
+        total += len(m["content"])
+    if total > MAX_SAMPLE_CHARS:
+        raise ValueError(f"{where} is over {MAX_SAMPLE_CHARS} characters")
+    last = p[-1].role if isinstance(p[-1], SampleMessage) else p[-1]["role"]
+    if last != "user":
+        raise ValueError(f"{where} must end with a user message")
+    return p
 
 
 _DEFAULTS = {f: JobSpec.model_fields[f].default for f in DPO_FIELDS}

@@ -18,6 +18,7 @@ from core.spec import ID_RE
 RUN_CONFIG = "run.json"
 PLAN_FILE = "plan.json"
 METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.json"  # the before/after samples, written by the worker from the records
 ERROR_FILE = "error.json"
 LOG_FILE = "train.log"
 CHECKPOINTS_DIR = "checkpoints"
@@ -72,6 +73,9 @@ class Storage:
 
     def metrics_path(self, job_id: str) -> Path:
         return self.job_dir(job_id) / METRICS_FILE
+
+    def samples_path(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / SAMPLES_FILE
 
     def error_path(self, job_id: str) -> Path:
         return self.job_dir(job_id) / ERROR_FILE

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 import torch
 
@@ -31,6 +31,7 @@ from core.run_protocol import (
     DoneRecord,
     EvalRecord,
     RunConfig,
+    SamplesRecord,
     StartRecord,
     StepRecord,
     StoppedRecord,
@@ -48,6 +49,7 @@ from training import (
     metrics,
     model,
     preference,
+    samples,
 )
 from training.batches import Step
 from training.data import Tokenized, load_for_training
@@ -78,6 +80,8 @@ class State:
     tracker: memory.PeakMemory
     stop: StopFlag
     saved: set[int] = field(default_factory=set)  # steps whose checkpoint is on disk
+    tokenizer: Any = None
+    prompts: list[samples.Prompt] = field(default_factory=list)  # spec.sample_prompts, tokenized
     epoch: int = -1  # the epoch whose steps are in `steps`
     steps: list[Step] = field(default_factory=list)  # that epoch's global batches
 
@@ -163,6 +167,12 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
     )
     if latest:
         state.saved.add(pos.step)
+    state.tokenizer = tokenizer
+    if spec.sample_prompts and sharded:
+        log.warning("no before/after samples under FSDP (num_gpus > 1): see training.samples")
+    elif spec.sample_prompts:
+        state.prompts = samples.prompts_for(config, tokenizer, val_items)
+        log.info("%d sample prompts", len(state.prompts))
     return state
 
 
@@ -218,7 +228,8 @@ def train(state: State) -> bool:
 
 
 def finish(state: State) -> None:
-    """The adapter (and merged model, if asked) written, then the done record."""
+    """The samples (if asked), the adapter (and merged model, if asked) written, then the done record."""
+    record_samples(state, "end")
     spec, pos, out = state.spec, state.pos, state.out
     adapter_dir = out / ADAPTER_DIR
     final_loss = pos.losses[-1] if pos.losses else None
@@ -329,6 +340,8 @@ def run_evaluation(state: State) -> None:
         )
         log.info("eval at step %d: loss %.4f reward accuracy %.3f", pos.step, on.loss,
                  on.metrics["rewards_accuracy"])  # fmt: skip
+        if state.spec.sample_at_eval:
+            record_samples(state, "eval")
         return
     ev = evaluate.evaluate(
         parts.model,
@@ -349,6 +362,20 @@ def run_evaluation(state: State) -> None:
         )
     )
     log.info("eval at step %d: loss %.4f token accuracy %.3f", pos.step, ev.loss, ev.token_accuracy)
+    if state.spec.sample_at_eval:
+        record_samples(state, "eval")
+
+
+def record_samples(state: State, at: Literal["eval", "end"]) -> None:
+    """Before/after samples of the spec's prompts (training.samples); none asked, or under FSDP: none."""
+    if not state.prompts:
+        return
+    parts, limit = state.parts, state.spec.sample_max_tokens
+    items = samples.generate_samples(
+        parts.model, state.tokenizer, state.prompts, limit, parts.device, parts.autocast
+    )
+    state.writer.write(SamplesRecord(step=state.pos.step, at=at, items=items))
+    log.info("samples at step %d (%s): %d prompts", state.pos.step, at, len(items))
 
 
 def save_checkpoint(state: State) -> None:

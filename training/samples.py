@@ -1,0 +1,225 @@
+"""Before/after samples: greedy completions of a few prompts by the base model and by the tuned one.
+
+Which prompts (spec.sample_prompts):
+- a list: the prompts as given. A string is rendered as the training data renders a prompt: as one user
+  turn through the chat template for chat and instruction data, as raw text (BOS + text) for
+  prompt_completion and text data; a list of messages always through the chat template.
+- a number N: the prompts of the first N examples of the validation split that have one (the same
+  split as evaluation: validation_dataset_id's file, or validation_fraction's seeded hold-out); without a
+  validation split, of the training file's first N examples. A chat or instruction example's prompt is
+  its messages before its last assistant turn, a prompt_completion's its prompt; a text example has no
+  prompt and is passed over. dpo: the pairs' prompts, as training tokenized them.
+
+Each prompt is tokenized exactly as training tokenizes it (training.data: message by message, then the
+assistant turn's generation prompt), keeps its last max_seq_len tokens, and is completed greedily with
+at most sample_max_tokens new tokens: once with the adapter disabled (peft's disable_adapter(): the
+base) and once with it. Generation runs in eval mode under no_grad, one prompt at a time (no padding,
+so a completion is exactly what a plain generate() of that prompt gives), and the RNG state is
+restored afterwards, so a run that samples trains exactly like one that does not.
+
+Under FSDP (num_gpus > 1) there are no samples: generate() on fully_shard'ed modules would have every
+rank run each decoding step in lockstep, which a data-dependent stopping point makes fragile; the run
+logs why and trains as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.data.examples import Example, Message, read_examples, read_preferences
+from core.run_protocol import RunConfig, SampleItem
+from core.spec import JobSpec, SampleMessage
+from training.data import (
+    DEFAULT_CHAT_TEMPLATE,
+    DatasetError,
+    _encode,
+    _render,
+    _suffix,
+    fit_to_length,
+    render_chat_pieces,
+    tokenize_example,
+)
+from training.evaluate import split_validation
+
+log = logging.getLogger("ftune.training")
+CHAT_FORMATS = ("chat", "instruction")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    shown: str | list[dict[str, str]]  # what the samples record shows: the text, or the messages
+    ids: list[int]  # tokenized as training tokenizes it, the generation prompt included
+
+
+# Which prompts.
+
+
+def prompts_for(config: RunConfig, tokenizer: Any, val_items: Sequence[Any] = ()) -> list[Prompt]:
+    """The run's sample prompts (see the module doc); [] when spec.sample_prompts is 0."""
+    spec = config.spec
+    given = spec.sample_prompts
+    if isinstance(given, list):
+        chat = data_is_chat(config)
+        return [given_prompt(p, tokenizer, chat, spec.max_seq_len) for p in given]
+    if not given:
+        return []
+    if spec.objective == "dpo":
+        return pair_prompts(val_items, tokenizer, given)
+    return example_prompts(config, tokenizer, given)
+
+
+def given_prompt(p: str | list[SampleMessage], tokenizer: Any, chat: bool, max_seq_len: int) -> Prompt:
+    if isinstance(p, str):
+        if not chat:
+            return Prompt(p, raw_prompt_ids(p, tokenizer)[-max_seq_len:])
+        messages = [Message(role="user", content=p)]
+        return Prompt(p, chat_prompt_ids(messages, tokenizer)[-max_seq_len:])
+    messages = [Message(role=m.role, content=m.content) for m in p]
+    shown = [{"role": m.role, "content": m.content} for m in p]
+    return Prompt(shown, chat_prompt_ids(messages, tokenizer)[-max_seq_len:])
+
+
+def data_is_chat(config: RunConfig) -> bool:
+    """Whether the training file's first example is rendered through the chat template."""
+    path, mapping = Path(config.dataset_path), config.column_mapping
+    if config.spec.objective == "dpo":
+        return next((p.conversational for p in read_preferences(path, mapping)), True)
+    return next((e.format in CHAT_FORMATS for e in read_examples(path, mapping)), True)
+
+
+def example_prompts(config: RunConfig, tokenizer: Any, n: int) -> list[Prompt]:
+    """The prompts of the first n examples of the validation split (else the training file) that have one."""
+    spec = config.spec
+    if spec.validation_dataset_id and config.validation_path:
+        examples = kept_examples(
+            Path(config.validation_path), config.validation_column_mapping, tokenizer, spec
+        )
+    else:
+        examples = kept_examples(Path(config.dataset_path), config.column_mapping, tokenizer, spec)
+        if spec.validation_fraction:
+            # The same hold-out as training's load_splits: the same kept examples, fraction and seed.
+            _, examples = split_validation(examples, spec.validation_fraction, spec.seed)
+    prompts: list[Prompt] = []
+    for e in examples:
+        prompt = example_prompt(e, tokenizer, spec.max_seq_len)
+        if prompt is not None:
+            prompts.append(prompt)
+        if len(prompts) == n:
+            break
+    return prompts
+
+
+def kept_examples(path: Path, mapping: dict[str, str] | None, tokenizer: Any, spec: JobSpec) -> list[Example]:
+    """The file's examples that training keeps (training.data.fit_to_length), in file order."""
+    kept = []
+    for e in read_examples(path, mapping):
+        whole = tokenize_example(e, tokenizer, None, spec.train_on_inputs)
+        try:
+            fit_to_length([whole], spec.max_seq_len, spec.over_length)
+        except DatasetError:
+            continue  # dropped by training: too long under over_length=drop, or nothing to train on
+        kept.append(e)
+    return kept
+
+
+def example_prompt(e: Example, tokenizer: Any, max_seq_len: int) -> Prompt | None:
+    """A dataset example's prompt: what comes before its last reply; None for a text example."""
+    if e.format in CHAT_FORMATS:
+        last = max((i for i, m in enumerate(e.messages) if m.role == "assistant"), default=None)
+        if not last:
+            return None
+        messages = list(e.messages[:last])
+        shown = [{"role": m.role, "content": m.content} for m in messages]
+        return Prompt(shown, chat_prompt_ids(messages, tokenizer)[-max_seq_len:])
+    first_target = next((i for i, m in enumerate(e.messages) if m.weight == 1), 0)
+    text = "".join(m.content for m in e.messages[:first_target])
+    if not first_target or not text:
+        return None
+    return Prompt(text, raw_prompt_ids(text, tokenizer)[-max_seq_len:])
+
+
+def pair_prompts(pairs: Sequence[Any], tokenizer: Any, n: int) -> list[Prompt]:
+    """dpo: the prompts of the first n pairs, as training tokenized them (training.preference.Pair)."""
+    out = []
+    for pair in pairs[:n]:
+        ids = list(pair.chosen.input_ids[: pair.prompt_len])
+        out.append(Prompt(tokenizer.decode(ids, skip_special_tokens=True), ids))
+    return out
+
+
+# How a prompt is tokenized: as training.data tokenizes the inputs before a reply.
+
+
+def chat_prompt_ids(messages: Sequence[Message], tokenizer: Any) -> list[int]:
+    """The messages' pieces, then the assistant turn's generation prompt (render_chat_pieces' input
+    piece of an assistant message), so the ids are those a training example has before its reply."""
+    ids = [i for piece, _ in render_chat_pieces(messages, tokenizer) for i in piece]
+    template = getattr(tokenizer, "chat_template", None) or DEFAULT_CHAT_TEMPLATE
+    dicts = [{"role": m.role, "content": m.content} for m in messages]
+    done = _render(tokenizer, template, dicts, add_generation_prompt=False)
+    with_prompt = _render(tokenizer, template, dicts, add_generation_prompt=True)
+    generation_prompt = _suffix(with_prompt, done)
+    return ids + (_encode(tokenizer, generation_prompt) if generation_prompt else [])
+
+
+def raw_prompt_ids(text: str, tokenizer: Any) -> list[int]:
+    """BOS + the text: a prompt_completion example's inputs (training.data._raw_pieces)."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    return bos + _encode(tokenizer, text)
+
+
+# Generation.
+
+
+def generate_samples(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[Prompt],
+    max_new_tokens: int,
+    device: torch.device,
+    autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> list[SampleItem]:
+    """Each prompt's greedy completion by the base (the adapter disabled) and by the tuned model."""
+    was_training = model.training
+    model.eval()
+    rng_devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=rng_devices), autocast():
+            items = []
+            for p in prompts:
+                with model.disable_adapter():  # type: ignore[operator]  # peft's PeftModel
+                    base = complete(model, p.ids, max_new_tokens, device, tokenizer)
+                tuned = complete(model, p.ids, max_new_tokens, device, tokenizer)
+                items.append(SampleItem(prompt=p.shown, base=base, tuned=tuned))
+            return items
+    finally:
+        model.train(was_training)
+
+
+def complete(model: Any, ids: list[int], max_new_tokens: int, device: torch.device, tokenizer: Any) -> str:
+    """The greedy continuation of `ids` (at most max_new_tokens), decoded without special tokens."""
+    new = greedy_ids(model, ids, max_new_tokens, device, tokenizer)
+    return str(tokenizer.decode(new, skip_special_tokens=True))
+
+
+def greedy_ids(
+    model: Any, ids: list[int], max_new_tokens: int, device: torch.device, tokenizer: Any
+) -> list[int]:
+    """The new token ids of a greedy generate() of `ids`: at most max_new_tokens, up to EOS."""
+    x = torch.tensor([ids], device=device)
+    out = model.generate(
+        input_ids=x,
+        attention_mask=torch.ones_like(x),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        use_cache=True,  # load_model turns the cache off for training
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+    )
+    return [int(t) for t in out[0, len(ids) :].tolist()]
