@@ -158,6 +158,10 @@ class Engine:
 
         p = prepared
         if p.base_only and _is_peft(p.model):
+            if not p.model.peft_config:  # type: ignore[attr-defined]
+                # every adapter evicted: the wrapped layers hold none, the inner model is the plain base
+                inner = p.model.base_model.model  # type: ignore[attr-defined]  # LoraModel.model
+                return generate(inner, p.tokenizer, p.prompt, p.sampling, on_text, cancelled)
             with p.model.disable_adapter():  # type: ignore[attr-defined]
                 return generate(p.model, p.tokenizer, p.prompt, p.sampling, on_text, cancelled)
         return generate(p.model, p.tokenizer, p.prompt, p.sampling, on_text, cancelled)

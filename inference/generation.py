@@ -31,8 +31,12 @@ class Sampling:
 @dataclass
 class Completion:
     text: str = ""
-    tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)  # every generated token, the end token included
     finish_reason: str = "length"
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids)
 
 
 @dataclass
@@ -100,7 +104,7 @@ def generate(
 
     eos = _eos_ids(model, tokenizer)
     decoder = _Decoder(tokenizer, sampling.stop, set() if sampling.ignore_eos else eos, on_text)
-    count = [0]
+    generated: list[int] = []
 
     class Streamer(BaseStreamer):
         first = True
@@ -110,7 +114,7 @@ def generate(
                 self.first = False
                 return
             for t in value.reshape(-1).tolist():
-                count[0] += 1
+                generated.append(t)
                 decoder.add(t)
 
         def end(self) -> None:
@@ -143,7 +147,7 @@ def generate(
         )
     decoder.finish()
     reason = "stop" if decoder.stopped else "length"
-    return Completion(text=decoder.text, tokens=count[0], finish_reason=reason)
+    return Completion(text=decoder.text, token_ids=generated, finish_reason=reason)
 
 
 def _eos_ids(model, tokenizer) -> set[int]:

@@ -3,7 +3,8 @@
 A pure function of the architecture, like the training planner: the API subtracts it from a device's memory
 when a training job and the engine share it, and the engine derives from it how many adapters it may keep
 resident under a memory budget (`max_resident_adapters`). Terms, each an upper bound:
-  base weights   every parameter once, in the dtype the engine loads (config.json's, like training)
+  base weights   every parameter once, in the dtype the engine loads (config.json's, like training), and
+                 the rotary inverse frequencies (an fp32 buffer of head_dim / 2, and its original copy)
   LoRA adapters  max_adapters x r x (in + out) per wrapped linear (arch.lora_targets), in fp32: peft keeps
                  adapter weights in fp32 whatever the base dtype (autocast_adapter_dtype)
   KV cache       k and v of every layer for max_batch x max_seq_len tokens (num_kv_heads x head_dim each),
@@ -56,8 +57,11 @@ def serving_terms(
     terms = [
         Term(
             name="base weights",
-            bytes=arch.total_params * e,
-            note=f"{arch.total_params:,} params in {store} ({e} B/param), one copy for every adapter",
+            bytes=arch.total_params * e + arch.head_dim * 4,
+            note=(
+                f"{arch.total_params:,} params in {store} ({e} B/param) + rotary buffers, one copy for "
+                "every adapter"
+            ),
         ),
         Term(
             name="LoRA adapters",

@@ -40,7 +40,11 @@ def make_adapter(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return make
 
 
+_PEFT_MODELS: dict[tuple, object] = {}  # one peft model per (base, r, targets), re-randomized per adapter
+
+
 def save_random_adapter(model_dir: Path, out: Path, seed: int, r: int, targets: list[str]) -> Path:
+    """A LoRA adapter saved by peft (save_pretrained, safetensors) with A and B drawn from `seed`."""
     if (out / "adapter_model.safetensors").is_file():
         return out
     import json
@@ -49,17 +53,22 @@ def save_random_adapter(model_dir: Path, out: Path, seed: int, r: int, targets: 
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
-    torch.manual_seed(seed)
-    config = LoraConfig(
-        r=r, lora_alpha=2 * r, target_modules=targets, lora_dropout=0.0, task_type="CAUSAL_LM"
-    )
-    peft = get_peft_model(model, config)
+    key = (str(model_dir), r, tuple(targets))
+    if key not in _PEFT_MODELS:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, local_files_only=True, trust_remote_code=False
+        )
+        config = LoraConfig(
+            r=r, lora_alpha=2 * r, target_modules=targets, lora_dropout=0.0, task_type="CAUSAL_LM"
+        )
+        _PEFT_MODELS[key] = get_peft_model(model, config)
+    peft = _PEFT_MODELS[key]
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in peft.named_parameters():
+        for name, p in peft.named_parameters():  # type: ignore[attr-defined]
             if ".lora_" in name:
-                p.normal_(0.0, 0.5)
-    peft.save_pretrained(out, safe_serialization=True)
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
+    peft.save_pretrained(out, safe_serialization=True)  # type: ignore[attr-defined]
     # as ftune's training writes it (training.export): the base by name, not this machine's path
     cfg = json.loads((out / "adapter_config.json").read_text())
     cfg["base_model_name_or_path"] = model_dir.name
