@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from core.data.token_stats import TokenStats
-from core.run_protocol import StartRecord, StepRecord
+from core.run_protocol import Record, SamplesRecord, StartRecord, StepRecord, latest_samples
 
 # Fields of a "step" record that are stored on the job row.
 PROGRESS_FIELDS = ("step", "total_steps", "epoch", "loss", "tokens_per_s", "eta_s", "peak_mem_bytes")
@@ -39,3 +39,15 @@ def token_stats_from_start(rec: StartRecord, spec: dict[str, Any]) -> dict[str, 
         return TokenStats.model_validate(value).model_dump(mode="json", exclude_none=True)
     except ValidationError:
         return None  # a record of another shape must not stop the relay
+
+
+def samples_document(records: list[Record]) -> dict[str, Any]:
+    """The job's samples file (core.storage SAMPLES_FILE): every set in order, one per (step, at);
+    GET /jobs/{id}/samples serves it."""
+    return {"sets": [r.model_dump(mode="json", exclude={"type"}) for r in latest_samples(records)]}
+
+
+def samples_message(rec: SamplesRecord) -> str:
+    when = "at the end" if rec.at == "end" else "at evaluation"
+    n = len(rec.items)
+    return f"samples at step {rec.step} ({when}): {n} prompt{'' if n == 1 else 's'}"

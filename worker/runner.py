@@ -6,6 +6,7 @@ The lease is extended on every progress tick; a stale worker's writes are refuse
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -28,10 +29,12 @@ from core.run_protocol import (
     Record,
     RecordTail,
     RunConfig,
+    SamplesRecord,
     StartRecord,
     StepRecord,
     StoppedRecord,
     read_error,
+    read_records,
 )
 from core.settings import Settings
 from core.spec import JobSpec
@@ -46,7 +49,7 @@ from models.placement import Placer
 from models.tables import Job
 from worker.artifacts import build_adapter_archive, build_archive, sha256_dir, sha256_file
 from worker.devices import detect_devices
-from worker.progress import progress_values, token_stats_from_start
+from worker.progress import progress_values, samples_document, samples_message, token_stats_from_start
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +221,8 @@ class JobRunner:
                     self._fill_token_stats(s, job_id, rec)
                 elif isinstance(rec, CheckpointRecord):
                     self._register_checkpoint(s, job_id, rec)
+                elif isinstance(rec, SamplesRecord):
+                    self._store_samples(s, job_id, rec)
             lease = self.settings.lease_seconds
             return jobs_db.heartbeat(s, job_id=job_id, attempt=attempt, lease_seconds=lease, **progress)
 
@@ -239,6 +244,18 @@ class JobRunner:
         data = rec.model_dump(mode="json")
         msg = f"checkpoint at step {rec.step}"
         jobs_db.add_event(s, job_id=job_id, kind="checkpoint_saved", message=msg, data=data)
+
+    def _store_samples(self, s: Session, job_id: str, rec: SamplesRecord) -> None:
+        """Rewrite the job's samples file from the records; an event for a set it did not hold yet (a
+        resumed run that samples its end again replaces the set and adds no event)."""
+        path = self.storage.samples_path(job_id)
+        before = json.loads(path.read_text()) if path.is_file() else {"sets": []}
+        doc = samples_document(read_records(self.storage.metrics_path(job_id)))
+        atomic_write_text(path, json.dumps(doc))
+        if any((x["step"], x["at"]) == (rec.step, rec.at) for x in before["sets"]):
+            return
+        data = rec.model_dump(mode="json", exclude={"type"})
+        jobs_db.add_event(s, job_id=job_id, kind="samples", message=samples_message(rec), data=data)
 
     def _outcome(self, job_id: str, attempt: int, rc: int) -> str:
         if rc == 0:

@@ -44,11 +44,28 @@ def _message_event(ev: JobEvent) -> tuple[float, FineTuningJobEvent]:
         id=f"ftevent-{ev.id}",
         created_at=int(at),
         level=_level(ev),
-        message=ev.message,
+        message=_samples_message(ev) if ev.kind == "samples" else ev.message,
         type="message",
         data=ev.data,
     )
     return at, out
+
+
+def _samples_message(ev: JobEvent) -> str:
+    """A samples event's message with its first prompt and both completions, shortened, so that a list of
+    events shows what the tuning changed (the whole set is in data.items and GET /jobs/{id}/samples)."""
+    items = (ev.data or {}).get("items") or []
+    if not items:
+        return ev.message
+    first = items[0]
+    prompt = first["prompt"] if isinstance(first["prompt"], str) else first["prompt"][-1]["content"]
+    base, tuned = _short(first["base"]), _short(first["tuned"])
+    return f"{ev.message}; first: {_short(prompt)} -> base {base}, tuned {tuned}"
+
+
+def _short(text: str, limit: int = 60) -> str:
+    text = " ".join(str(text).split())
+    return repr(text if len(text) <= limit else text[: limit - 1] + "…")
 
 
 PREFERENCE_METRICS = (

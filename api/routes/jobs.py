@@ -3,6 +3,7 @@ downloads. Translation only: the work is in models (submission, jobs)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -192,6 +193,19 @@ def get_metrics(
     steps = [r.model_dump(mode="json") for r in records if isinstance(r, StepRecord) and r.step > after_step]
     evals = [r.model_dump(mode="json") for r in records if isinstance(r, EvalRecord) and r.step > after_step]
     return {"data": steps, "eval": evals}
+
+
+@router.get("/{job_id}/samples", responses=errors(404))
+def get_samples(
+    job_id: str, session: SessionDep, principal: PrincipalDep, services: ServicesDep
+) -> dict[str, Any]:
+    """Before/after samples (spec.sample_prompts): `latest` is the newest set (the end's once the job
+    has finished), `sets` every set in order (each evaluation's with sample_at_eval, then the end's);
+    each set is {step, at: eval|end, items: [{prompt, base, tuned}]}. None yet: latest null, sets []."""
+    _get(session, job_id, principal)
+    path = services.storage.samples_path(job_id)  # written atomically by the worker from the records
+    sets = json.loads(path.read_text())["sets"] if path.is_file() else []
+    return {"job_id": job_id, "latest": sets[-1] if sets else None, "sets": sets}
 
 
 @router.get("/{job_id}/artifacts", response_model=list[ArtifactOut], responses=errors(404))
