@@ -131,7 +131,7 @@ def generate(
         temperature=None if sampling.greedy else sampling.temperature,
         top_p=None if sampling.greedy else sampling.top_p,
         top_k=None if sampling.greedy else 0,
-        eos_token_id=None if sampling.ignore_eos else sorted(eos),
+        eos_token_id=[] if sampling.ignore_eos else sorted(eos),  # [] (not None: None takes the model's)
         pad_token_id=_pad_id(tokenizer, eos),
         bos_token_id=getattr(model.generation_config, "bos_token_id", None),
         use_cache=True,

@@ -1,0 +1,178 @@
+"""The engine as the API sees it: a real `python -m inference.server` process, driven by the official
+openai SDK (and httpx for vLLM's adapter endpoints, which the SDK does not have)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.inference.conftest import BASE
+
+REPO = Path(__file__).resolve().parents[2]
+USER = [{"role": "user", "content": "Name a river."}]
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def engine_url(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The engine on a free port over the tiny model's catalog, at most 2 requests waiting."""
+    port = free_port()
+    tmp = tmp_path_factory.mktemp("engine")
+    env = {
+        **os.environ,
+        "FTUNE_MODELS_DIR": str(tiny_model.parent),
+        "FTUNE_HF_CACHE_DIR": str(tmp / "no-hf-cache"),
+    }
+    log = (tmp / "engine.log").open("w")
+    cmd = [sys.executable, "-m", "inference.server", "--port", str(port), "--max-waiting", "2"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, (tmp / "engine.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=1).json() == {"status": "ok"}:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the engine did not start"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+@pytest.fixture
+def client(engine_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{engine_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_chat_completions_plain_and_streamed(client: openai.OpenAI) -> None:
+    whole = client.chat.completions.create(model=BASE, messages=USER, max_tokens=12, temperature=0)
+    assert whole.object == "chat.completion" and whole.model == BASE
+    choice = whole.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert whole.usage is not None and 0 < whole.usage.completion_tokens <= 12
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+
+    chunks = list(
+        client.chat.completions.create(
+            model=BASE,
+            messages=USER,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 1, "tokens arrive one by one"
+    assert "".join(pieces) == choice.message.content  # greedy: the same answer
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [choice.finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+
+    two = client.chat.completions.create(model=BASE, messages=USER, max_tokens=5, temperature=0, n=2)
+    assert [c.index for c in two.choices] == [0, 1]
+    assert two.choices[0].message.content == two.choices[1].message.content  # greedy twice
+    assert two.usage is not None and two.usage.completion_tokens % 2 == 0  # two equal answers
+    assert 0 < two.usage.completion_tokens <= 10
+
+
+def test_load_lora_adapter_then_chat_with_its_name(
+    client: openai.OpenAI, engine_url: str, make_adapter: Callable[..., Path]
+) -> None:
+    adapter = make_adapter(42)
+    body = {"lora_name": "ft:tiny:test::abc", "lora_path": str(adapter)}
+    assert httpx.post(f"{engine_url}/v1/load_lora_adapter", json=body).status_code == 200
+    assert httpx.post(f"{engine_url}/v1/load_lora_adapter", json=body).status_code == 200  # idempotent
+    listed = {m.id: m for m in client.models.list()}
+    assert BASE in listed and "ft:tiny:test::abc" in listed
+
+    tuned = client.chat.completions.create(
+        model="ft:tiny:test::abc", messages=USER, max_tokens=8, temperature=0
+    )
+    base = client.chat.completions.create(model=BASE, messages=USER, max_tokens=8, temperature=0)
+    assert tuned.model == "ft:tiny:test::abc"
+    assert tuned.choices[0].message.content != base.choices[0].message.content
+
+    bad = httpx.post(f"{engine_url}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(REPO)})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["code"] == "invalid_adapter" and bad.json()["error"]["param"] == "lora_path"
+
+    unload = {"lora_name": "ft:tiny:test::abc"}
+    assert httpx.post(f"{engine_url}/v1/unload_lora_adapter", json=unload).status_code == 200
+    assert httpx.post(f"{engine_url}/v1/unload_lora_adapter", json=unload).status_code == 404
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="ft:tiny:test::abc", messages=USER, max_tokens=2)
+
+
+def test_unknown_model_and_bad_input(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="no-such-model", messages=USER, max_tokens=2)
+    assert missing.value.code == "model_not_found"
+    assert missing.value.body["param"] == "model"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model=BASE, messages=USER, max_tokens=2, temperature=3)
+    assert bad.value.code == "invalid_value" and bad.value.body["param"] == "temperature"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as long:
+        client.chat.completions.create(model=BASE, messages=USER, max_tokens=100_000)
+    assert long.value.code == "context_length_exceeded"
+
+
+def test_beyond_max_waiting_is_429_and_the_rest_are_answered(client: openai.OpenAI) -> None:
+    """--max-waiting 2: of 8 requests sent at once while each takes a while, one runs, two wait and are
+    answered in turn, the others are refused with 429 engine_overloaded at once. None is lost, none 5xx."""
+    tokens = 120
+
+    def ask(i: int) -> tuple[str, object]:
+        try:
+            reply = client.chat.completions.create(
+                model=BASE,
+                messages=[{"role": "user", "content": f"Request {i}"}],
+                max_tokens=tokens,
+                temperature=0,
+                extra_body={"ignore_eos": True},  # vLLM's extension: exactly max_tokens, so each is slow
+            )
+            return "ok", reply
+        except openai.RateLimitError as e:
+            return "429", e
+        except openai.APIStatusError as e:  # anything else is a failure of the test
+            return str(e.status_code), e
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(ask, range(8)))
+    kinds = [k for k, _ in results]
+    assert set(kinds) <= {"ok", "429"}, kinds
+    assert kinds.count("ok") >= 3 and kinds.count("429") >= 1, kinds
+    for kind, r in results:
+        if kind == "ok":
+            assert r.usage.completion_tokens == tokens  # type: ignore[attr-defined]
+        else:
+            assert r.code == "engine_overloaded"  # type: ignore[attr-defined]
+            assert r.response.headers["retry-after"] == "1"  # type: ignore[attr-defined]
+    # the line drained: a new request is answered
+    after = client.chat.completions.create(model=BASE, messages=USER, max_tokens=2, temperature=0)
+    assert after.choices[0].message.content is not None
