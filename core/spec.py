@@ -109,6 +109,13 @@ class JobSpec(BaseModel):
         description="Continue from the adapter of an earlier succeeded job of the same tenant and base "
         "model (its id); with dpo that adapter, frozen, is also the reference policy.",
     )
+    init_from_step: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="With init_from: continue from that job's checkpoint at this step (a kept one) "
+        "instead of its final adapter.",
+    )
 
     learning_rate: float = Field(2e-4, gt=0, le=0.1)
     lr_scheduler: Scheduler = "linear"
@@ -196,6 +203,12 @@ class JobSpec(BaseModel):
         if v is not None and not ID_RE.match(v):
             raise ValueError("must be the id of an earlier job (GET /jobs)")
         return v
+
+    @model_validator(mode="after")
+    def _init_from_step(self) -> JobSpec:
+        if self.init_from_step is not None and self.init_from is None:
+            raise ValueError("init_from_step needs init_from (the job whose checkpoint to continue from)")
+        return self
 
     @field_validator("sample_prompts", mode="before")
     @classmethod

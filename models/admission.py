@@ -20,6 +20,7 @@ from core.spec import JobSpec
 from core.states import JobStatus
 from models import datasets as datasets_db
 from models import jobs as jobs_db
+from models import openai_jobs
 from models import workers as workers_db
 from models.tables import Dataset, Job
 
@@ -116,6 +117,14 @@ def check_init_from(session: Session, *, spec: JobSpec, tenant_id: str) -> Job |
             code="init_from_lora_mismatch",
             param=next(iter(different)),
             details=different,
+        )
+    step = spec.init_from_step
+    if step is not None and openai_jobs.checkpoint(session, earlier.id, step) is None:
+        raise InvalidInput(
+            f"job {spec.init_from!r} saved no checkpoint at step {step}; list its checkpoints with "
+            f"GET /v1/fine_tuning/jobs/{spec.init_from}/checkpoints",
+            code="checkpoint_not_found",
+            param="init_from_step",
         )
     return earlier
 

@@ -44,3 +44,14 @@ def checkpoints(session: Session, job_id: str) -> list[Artifact]:
     )
     by_step = {a.step: a for a in rows}
     return list(by_step.values())
+
+
+def checkpoint(session: Session, job_id: str, step: int) -> Artifact | None:
+    """The job's checkpoint at `step` (its latest row), or None. Its directory may have been pruned since
+    (spec.keep_checkpoints): callers with the storage check it is still on disk."""
+    return session.scalars(
+        select(Artifact)
+        .where(Artifact.job_id == job_id, Artifact.kind == "checkpoint", Artifact.step == step)
+        .order_by(Artifact.created_at.desc())
+        .limit(1)
+    ).first()

@@ -6,6 +6,8 @@ the LoRA weights (and so their gradients and optimizer states) are fp32.
 
 from __future__ import annotations
 
+import copy
+import json
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,8 +93,6 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, init_adapte
         # Non-reentrant checkpointing needs no input grads and works with frozen embeddings.
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if init_adapter is not None:
-        if not (init_adapter / "adapter_model.safetensors").is_file():
-            raise FileNotFoundError(f"the adapter to continue from (spec.init_from) is gone: {init_adapter}")
         return attach_trained_lora(model, spec, init_adapter)
     return attach_lora(model, spec)
 
@@ -133,21 +133,19 @@ def attach_trained_lora(model, spec: JobSpec, adapter_dir: Path):
     """An earlier job's adapter, trained on (its shape: r, alpha, target modules; this spec's dropout).
     With a reference (objective dpo, not simpo) the same adapter is loaded a second time as "ref",
     frozen and without dropout: training.dpo's reference policy, on the same base weights."""
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
     from peft.utils import set_peft_model_state_dict
-    from safetensors.torch import load_file
 
     from training import dropout
     from training.dpo import REF_ADAPTER
 
-    config = LoraConfig.from_pretrained(str(adapter_dir))
+    config, weights = read_trained_adapter(adapter_dir)
+    ref = copy.deepcopy(config)
     config.lora_dropout = spec.lora_dropout
     config.inference_mode = False
-    weights = load_file(adapter_dir / "adapter_model.safetensors")
     model = get_peft_model(model, config)
     _load_adapter_weights(model, weights, "default", set_peft_model_state_dict)
     if spec.uses_reference:
-        ref = LoraConfig.from_pretrained(str(adapter_dir))
         ref.lora_dropout, ref.inference_mode = 0.0, True
         model.add_adapter(REF_ADAPTER, ref)
         _load_adapter_weights(model, weights, REF_ADAPTER, set_peft_model_state_dict)
@@ -158,6 +156,31 @@ def attach_trained_lora(model, spec: JobSpec, adapter_dir: Path):
         if ".lora_" in name and p.dtype != torch.float32:  # both adapters in fp32, as attach_lora's
             p.data = p.data.float()
     return model
+
+
+def read_trained_adapter(path: Path):
+    """(LoraConfig, peft-named weights) of an adapter to continue from: a job's final adapter (peft's
+    adapter_config.json + adapter_model.safetensors), or one of its checkpoints (spec.init_from_step:
+    training.checkpoint's adapter.safetensors, named as the model's parameters, and the spec that shaped
+    them in state.json)."""
+    from peft import LoraConfig
+    from safetensors.torch import load_file
+
+    if (path / "adapter_model.safetensors").is_file():
+        return LoraConfig.from_pretrained(str(path)), load_file(path / "adapter_model.safetensors")
+    if (path / "adapter.safetensors").is_file() and (path / "state.json").is_file():
+        shape = JobSpec.model_validate(json.loads((path / "state.json").read_text())["spec"])
+        config = LoraConfig(
+            r=shape.lora_r,
+            lora_alpha=shape.lora_alpha,  # type: ignore[arg-type]  # as attach_lora's
+            target_modules=shape.lora_target_modules,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        # "....q_proj.lora_A.default.weight" as trained -> "....q_proj.lora_A.weight" as peft saves it
+        weights = {k.replace(".default.", "."): v for k, v in load_file(path / "adapter.safetensors").items()}
+        return config, weights
+    raise FileNotFoundError(f"the adapter to continue from (spec.init_from) is gone: {path}")
 
 
 def _load_adapter_weights(model, weights: dict[str, torch.Tensor], name: str, set_state) -> None:

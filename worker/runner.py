@@ -43,6 +43,7 @@ from core.storage import MERGED_DIR, Storage, atomic_write_text, new_id
 from models import datasets as datasets_db
 from models import fairshare
 from models import jobs as jobs_db
+from models import openai_jobs
 from models import workers as workers_db
 from models.db import session_scope
 from models.placement import Placer
@@ -144,6 +145,7 @@ class JobRunner:
             spec = JobSpec.model_validate(job.spec)
             mapping = _column_mapping(s, spec.dataset_id)
             val_mapping = _column_mapping(s, spec.validation_dataset_id)
+            init_dir = self._init_adapter_dir(s, spec)
         model = self.catalog.get(spec.base_model)
         config = RunConfig(
             job_id=job_id,
@@ -159,12 +161,24 @@ class JobRunner:
             ),
             validation_column_mapping=val_mapping,
             # spec.init_from: the earlier job's adapter (admission checked its tenant, status and base)
-            init_adapter_dir=str(self.storage.adapter_dir(spec.init_from)) if spec.init_from else None,
+            init_adapter_dir=str(init_dir) if init_dir else None,
         )
         path = self.storage.run_config_path(job_id)
         atomic_write_text(path, config.model_dump_json(indent=2))
         self.storage.error_path(job_id).unlink(missing_ok=True)  # from an earlier attempt
         return path
+
+    def _init_adapter_dir(self, s: Session, spec: JobSpec) -> Path | None:
+        """spec.init_from's final adapter, or (init_from_step) its checkpoint at that step, as recorded when
+        it was saved; admission checked the job's tenant, status and base, and that the checkpoint exists."""
+        if spec.init_from is None:
+            return None
+        if spec.init_from_step is None:
+            return self.storage.adapter_dir(spec.init_from)
+        saved = openai_jobs.checkpoint(s, spec.init_from, spec.init_from_step)
+        if saved is None:
+            raise FileNotFoundError(f"job {spec.init_from} has no checkpoint at step {spec.init_from_step}")
+        return self.storage.job_dir(spec.init_from) / saved.relpath
 
     def _supervise(self, job_id: str, attempt: int, run_json: Path) -> str:
         tail = RecordTail(self.storage.metrics_path(job_id))

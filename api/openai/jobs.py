@@ -30,8 +30,7 @@ from api.openai.hyperparameters import (
 )
 from api.openai.job_objects import FineTuningJob, FineTuningJobList, job_object
 from core import ft_names
-from core.errors import FtuneError, InvalidInput, NotFound, Unsupported
-from core.spec import JobSpec
+from core.errors import FtuneError, InvalidInput, NotFound
 from core.states import JobStatus
 from models import control, openai_jobs
 from models import jobs as jobs_db
@@ -77,8 +76,10 @@ def create_job(
 def _create(body: CreateJobRequest, services: Services, principal: Principal) -> JSONResponse:
     try:
         with services.sessions() as s:
-            base_model, init_from = _resolve_model(s, body.model, principal)
+            base_model, init_from, init_step = _resolve_model(s, body.model, principal, services)
         mapped = map_request(body, base_model, init_from)
+        if init_step is not None:  # a checkpoint's model: that checkpoint's adapter, not the final one
+            mapped.fields["init_from_step"] = init_step
         spec = build_spec(mapped.fields)
         if mapped.batch_size is not None:
             per_gpu = per_gpu_batch(mapped.batch_size, spec.num_gpus)
@@ -114,10 +115,13 @@ def _create(body: CreateJobRequest, services: Services, principal: Principal) ->
     return JSONResponse(job_object(job, services.storage).model_dump(mode="json"))
 
 
-def _resolve_model(session: Session, model: str, principal: Principal) -> tuple[str, str | None]:
-    """(base model, job to continue from): a base model name, or a fine-tuned model of the caller's own."""
+def _resolve_model(
+    session: Session, model: str, principal: Principal, services: Services
+) -> tuple[str, str | None, int | None]:
+    """(base model, job to continue from, its checkpoint's step): a base model name, or a fine-tuned model
+    (or a checkpoint's, `...:ckpt-step-N`) of the caller's own."""
     if not ft_names.is_fine_tuned(model):
-        return model, None
+        return model, None, None
     name = ft_names.parse(model)
     source = jobs_db.get_job(session, name.job_id, principal.tenant_id) if name is not None else None
     if name is None or source is None or source.status != JobStatus.SUCCEEDED:
@@ -127,16 +131,16 @@ def _resolve_model(session: Session, model: str, principal: Principal) -> tuple[
             param="model",
         )
     if name.step is not None:
-        raise Unsupported(
-            "continuing from a checkpoint's model is not supported yet; use the job's fine_tuned_model",
-            param="model",
-        )
-    if "init_from" not in JobSpec.model_fields:
-        raise Unsupported(
-            "continuing training from a fine-tuned model is not supported by this ftune version yet",
-            param="model",
-        )
-    return source.base_model, source.id
+        saved = openai_jobs.checkpoint(session, source.id, name.step)
+        kept = saved is not None and (services.storage.job_dir(source.id) / saved.relpath).is_dir()
+        if not kept:  # never saved, or pruned by the job's keep_checkpoints
+            raise InvalidInput(
+                f"job {source.id} keeps no checkpoint at step {name.step}; see "
+                f"GET /v1/fine_tuning/jobs/{source.id}/checkpoints",
+                code="checkpoint_not_found",
+                param="model",
+            )
+    return source.base_model, source.id, name.step
 
 
 def _metadata_filter(request: Request) -> dict[str, str]:
