@@ -2,8 +2,8 @@
 
 The double is a real HTTP server on a local port: it records the adapters ftune registers, answers chat
 completions with an echo (JSON, or server-sent events for stream=true), 404s a `ft:` model it was not told
-about (as an engine that restarted would), and 429s a request whose last message is "overload", so the API's
-forwarding and error passthrough are tested over real sockets without a model.
+about (as an engine that restarted would), 429s a request whose last message is "overload" and 504s
+"slow", so the API's forwarding and error passthrough are tested over real sockets without a model.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ class EngineDouble:
         if last == "overload":
             error = {"message": "too many requests waiting", "type": "rate_limit_error", "param": None}
             return 429, {"Retry-After": "7"}, {"error": error | {"code": "engine_overloaded"}}
+        if last == "slow":
+            error = {"message": "no answer within 120 s", "type": "server_error", "param": None}
+            return 504, {}, {"error": error | {"code": "engine_timeout"}}
         if model.startswith("ft:") and model not in self.loaded:
             error = {"message": f"The model `{model}` does not exist.", "type": "invalid_request_error"}
             return 404, {}, {"error": error | {"param": "model", "code": "model_not_found"}}

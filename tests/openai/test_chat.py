@@ -94,7 +94,7 @@ def test_another_organizations_or_unknown_model_is_404_model_not_found(chat_stac
         assert owner_sdk.chat.completions.create(model=theirs, messages=HI).choices  # the owner's does answer
 
 
-def test_the_engines_errors_pass_through_with_status_and_retry_after(chat_stack: ChatStack) -> None:  # noqa: F811
+def test_the_engines_errors_pass_through_with_their_status_and_retry_after(chat_stack: ChatStack) -> None:  # noqa: F811
     sdk, _ = chat_stack.tenant()
     with sdk:
         with pytest.raises(openai.RateLimitError) as e:
@@ -106,6 +106,9 @@ def test_the_engines_errors_pass_through_with_status_and_retry_after(chat_stack:
                 model="tiny", messages=[{"role": "user", "content": "overload"}], stream=True
             )
         assert e.value.code == "engine_overloaded"
+        with pytest.raises(openai.InternalServerError) as e:
+            sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "slow"}])
+        assert e.value.status_code == 504 and e.value.code == "engine_timeout"
 
 
 @pytest.mark.parametrize(
