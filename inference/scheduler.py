@@ -10,6 +10,7 @@ to the event loop through `Ticket.emit` (thread-safe), so a stream sends tokens 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import Any
 from inference.errors import EngineError
 
 DONE = object()  # the last event of a ticket
+log = logging.getLogger("ftune.inference")
 
 
 @dataclass
@@ -105,5 +107,6 @@ class Scheduler:
             except EngineError as e:
                 ticket.emit(("error", e))
             except Exception as e:  # a bug or a broken model file: this request fails, the engine goes on
+                log.exception("request failed in the engine")
                 ticket.emit(("error", EngineError(500, "engine_error", f"{type(e).__name__}: {e}")))
             ticket.emit(DONE)
