@@ -41,9 +41,8 @@ from core.spec import JobSpec
 from core.states import JobStatus
 from core.storage import MERGED_DIR, Storage, atomic_write_text, new_id
 from models import datasets as datasets_db
-from models import fairshare
+from models import fairshare, openai_jobs
 from models import jobs as jobs_db
-from models import openai_jobs
 from models import workers as workers_db
 from models.db import session_scope
 from models.placement import Placer
@@ -235,8 +234,8 @@ class JobRunner:
                     self._fill_token_stats(s, job_id, rec)
                 elif isinstance(rec, CheckpointRecord):
                     self._register_checkpoint(s, job_id, rec)
-                elif isinstance(rec, SamplesRecord):
-                    self._store_samples(s, job_id, rec)
+            if sets := [r for r in records if isinstance(r, SamplesRecord)]:
+                self._store_samples(s, job_id, sets)
             lease = self.settings.lease_seconds
             return jobs_db.heartbeat(s, job_id=job_id, attempt=attempt, lease_seconds=lease, **progress)
 
@@ -259,17 +258,19 @@ class JobRunner:
         msg = f"checkpoint at step {rec.step}"
         jobs_db.add_event(s, job_id=job_id, kind="checkpoint_saved", message=msg, data=data)
 
-    def _store_samples(self, s: Session, job_id: str, rec: SamplesRecord) -> None:
-        """Rewrite the job's samples file from the records; an event for a set it did not hold yet (a
-        resumed run that samples its end again replaces the set and adds no event)."""
+    def _store_samples(self, s: Session, job_id: str, new: list[SamplesRecord]) -> None:
+        """Rewrite the job's samples file from the records; an event for each new set the file did not
+        hold yet (a resumed run that samples its end again replaces the set and adds no event)."""
         path = self.storage.samples_path(job_id)
-        before = json.loads(path.read_text()) if path.is_file() else {"sets": []}
-        doc = samples_document(read_records(self.storage.metrics_path(job_id)))
-        atomic_write_text(path, json.dumps(doc))
-        if any((x["step"], x["at"]) == (rec.step, rec.at) for x in before["sets"]):
-            return
-        data = rec.model_dump(mode="json", exclude={"type"})
-        jobs_db.add_event(s, job_id=job_id, kind="samples", message=samples_message(rec), data=data)
+        before = json.loads(path.read_text())["sets"] if path.is_file() else []
+        known = {(x["step"], x["at"]) for x in before}
+        atomic_write_text(path, json.dumps(samples_document(read_records(self.storage.metrics_path(job_id)))))
+        for rec in new:
+            if (rec.step, rec.at) in known:
+                continue
+            known.add((rec.step, rec.at))
+            data = rec.model_dump(mode="json", exclude={"type"})
+            jobs_db.add_event(s, job_id=job_id, kind="samples", message=samples_message(rec), data=data)
 
     def _outcome(self, job_id: str, attempt: int, rc: int) -> str:
         if rc == 0:

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from core.run_protocol import SamplesRecord, read_records
-from tests.training.util import qa_rows, read_metrics, write_jsonl
+from tests.training.util import pair_rows, qa_rows, read_metrics, write_jsonl
 from training import samples
 from training.data import IGNORE
-from training.model import load_tokenizer
+from training.model import load_model, load_tokenizer
 from training.recipe import load_splits
 from training.run import run
 
@@ -113,6 +113,26 @@ def test_a_string_prompt_renders_as_the_training_data_does(make_config, tokenize
     assert c.ids == list(
         tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)["input_ids"]
     )
+
+
+def test_dpo_prompts_are_the_validation_pairs_prompts(make_config, tokenizer) -> None:
+    config = make_config(pair_rows(12), objective="dpo", sample_prompts=2, validation_fraction=0.25)
+    _, val, _, _ = load_splits(config, tokenizer)
+    prompts = samples.prompts_for(config, tokenizer, val)
+    assert [p.ids for p in prompts] == [list(v.chosen.input_ids[: v.prompt_len]) for v in val[:2]]
+
+
+def test_qlora_samples_and_the_model_goes_back_to_training(make_config, tiny_model: Path, tokenizer) -> None:
+    config = make_config(qa_rows(4), method="qlora", sample_prompts=["Hello there"])
+    net = load_model(config.spec, tiny_model, CPU)  # 4-bit base, gradient checkpointing on
+    net.train()
+    prompts = samples.prompts_for(config, tokenizer)
+    (item,) = samples.generate_samples(net, tokenizer, prompts, 6, CPU)
+    assert net.training
+    net.eval()
+    assert item.tuned == plain_generate(net, prompts[0].ids, 6, tokenizer)
+    with net.disable_adapter():
+        assert item.base == plain_generate(net, prompts[0].ids, 6, tokenizer)
 
 
 def test_completions_are_bounded_by_sample_max_tokens(tiny_model: Path, tokenizer) -> None:
