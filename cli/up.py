@@ -77,14 +77,14 @@ def _spawn_engine(
     )
 
 
-def plan_engine(settings: Settings, worker_env: dict[str, str]) -> tuple[int, str]:
+def plan_engine(settings: Settings, env: dict[str, str]) -> tuple[int, str]:
     """The engine's memory bound, and the training worker's devices beside it (FTUNE_WORKER_DEVICES)."""
     from cli.inference import engine_bound, training_devices
     from core.catalog import Catalog
     from worker.devices import detect_devices
 
     bound = engine_bound(Catalog(settings.models_dir, settings.hf_cache_dir))
-    devices = detect_devices(worker_env.get("FTUNE_WORKER_DEVICES", ""))
+    devices = detect_devices(env.get("FTUNE_WORKER_DEVICES", ""))
     return bound, training_devices(devices, bound)
 
 
@@ -126,6 +126,15 @@ def up(settings: Settings) -> int:
     env = dict(os.environ)
     env["FTUNE_DATA_DIR"] = str(settings.data_dir)
     env["FTUNE_MODELS_DIR"] = str(settings.models_dir)
+    engine_plan = None
+    if not settings.inference_url:  # ftune's own engine, on the training worker's device
+        from core.errors import FtuneError
+
+        try:
+            engine_plan = plan_engine(settings, env)
+        except FtuneError as e:
+            print(f"ftune up: {e.message}", file=sys.stderr, flush=True)
+            return 2
     broker = None
     if not settings.redis_url:
         broker = start_broker(settings.data_dir / "broker")
@@ -146,8 +155,8 @@ def up(settings: Settings) -> int:
     # (worker.tasks), instead of waiting for their leases to expire.
     worker_env = {**env, "FTUNE_WORKER_NAME": env.get("FTUNE_WORKER_NAME") or f"{socket.gethostname()}-up"}
     engine = None
-    if not settings.inference_url:  # ftune's own engine, on the training worker's device
-        bound, worker_env["FTUNE_WORKER_DEVICES"] = plan_engine(settings, worker_env)
+    if engine_plan is not None:
+        bound, worker_env["FTUNE_WORKER_DEVICES"] = engine_plan
         port, root = _free_port(), settings.data_dir / "jobs"
         engine = Child("inference engine", lambda: _spawn_engine(port, bound, root, env))
         env["FTUNE_INFERENCE_URL"] = f"http://127.0.0.1:{port}"

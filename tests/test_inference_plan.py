@@ -1,0 +1,59 @@
+"""`ftune up`'s engine and training worker planned on one device (cli/inference.py): the engine's bound is
+core.planner.serving's for the largest catalog model, and the training worker declares the device's
+memory less that bound, so the planner never admits a job that only fits without the engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cli.inference import MAX_ADAPTERS, MAX_LORA_RANK, engine_bound, training_devices
+from core.arch import load_architecture
+from core.catalog import Catalog
+from core.errors import FtuneError
+from core.planner.gpus import resolve_gpu
+from core.planner.serving import serving_bytes
+from worker.devices import declared_device
+
+GiB, MiB = 2**30, 2**20
+SMALL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64}
+SMALL |= {"intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+SMALL |= {"num_key_value_heads": 4, "vocab_size": 1000}
+LARGE = SMALL | {"hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 8}
+
+
+def catalog(tmp_path: Path, **configs: dict[str, object]) -> Catalog:
+    for name, config in configs.items():
+        (tmp_path / "models" / name).mkdir(parents=True)
+        (tmp_path / "models" / name / "config.json").write_text(json.dumps(config))
+    return Catalog(tmp_path / "models", tmp_path / "no-hf-cache")
+
+
+def test_the_bound_is_the_largest_catalog_models(tmp_path: Path) -> None:
+    cat = catalog(tmp_path, small=SMALL, large=LARGE, odd={"model_type": "unknown-arch"})
+    expected = serving_bytes(
+        load_architecture(tmp_path / "models" / "large"), max_adapters=MAX_ADAPTERS, lora_r=MAX_LORA_RANK
+    )
+    small = serving_bytes(
+        load_architecture(tmp_path / "models" / "small"), max_adapters=MAX_ADAPTERS, lora_r=MAX_LORA_RANK
+    )
+    assert engine_bound(cat) == expected > small > 0
+    assert engine_bound(catalog(tmp_path / "empty")) == 0
+
+
+def test_the_training_worker_declares_the_device_less_the_bound() -> None:
+    cpu = declared_device("cpu:8GiB")
+    assert training_devices([cpu], GiB) == "cpu:7168MiB"
+    assert declared_device("cpu:7168MiB")["memory_bytes"] == 7 * GiB  # what the worker then reports
+    gpus = [{"name": "NVIDIA A100", "kind": "cuda", "memory_bytes": 80 * GiB}] * 2
+    assert training_devices(gpus, 10 * GiB) == "71680MiB,81920MiB"  # the engine runs on the first
+    declared = [declared_device("A100-80GB")]
+    assert training_devices(declared, GiB) == f"{(resolve_gpu('A100-80GB').memory_bytes - GiB) // MiB}MiB"
+
+
+def test_an_engine_that_leaves_no_room_for_training_is_refused() -> None:
+    with pytest.raises(FtuneError) as e:
+        training_devices([declared_device("cpu:2GiB")], int(1.5 * GiB))
+    assert e.value.code == "engine_too_large" and "FTUNE_INFERENCE_URL" in e.value.message
