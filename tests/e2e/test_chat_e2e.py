@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 BASE = "ftune-demo"
 PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
 TARGET = "The capital of France is Paris."
-SPEC = {"base_model": BASE, "method": "lora", "max_seq_len": 64, "micro_batch_size": 4, "lora_r": 16}
+SPEC = {"base_model": BASE, "method": "lora", "max_seq_len": 64, "micro_batch_size": 1, "lora_r": 16}
+# one example repeated: a batch of it learns what one copy does, at a quarter of the compute
 SPEC |= {"lora_alpha": 32, "lora_dropout": 0.0, "max_steps": 30, "learning_rate": 1e-2, "warmup_steps": 2}
 
 
