@@ -81,3 +81,14 @@ def test_bad_sample_fields_are_422_naming_the_field(client: TestClient, dataset_
         assert err["param"] == "sample_prompts" and words in err["message"], err
     r = client.post("/jobs", json={"base_model": "tiny", "dataset_id": dataset_id, "sample_max_tokens": 9999})
     assert r.status_code == 422 and r.json()["error"]["param"] == "sample_max_tokens"
+
+
+def test_v1_takes_the_sample_fields_as_extra_body_fields(client: TestClient, dataset_id: str) -> None:
+    body = {"model": "tiny", "training_file": dataset_id, "sample_prompts": 3, "sample_max_tokens": 16}
+    r = client.post("/v1/fine_tuning/jobs", json=body)
+    assert r.status_code == 200, r.text
+    spec = client.get(f"/jobs/{r.json()['id']}").json()["spec"]
+    assert (spec["sample_prompts"], spec["sample_max_tokens"]) == (3, 16)
+    r = client.post("/v1/fine_tuning/jobs", json={**body, "sample_prompts": [["not a message"]]})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "sample_prompts" and "message 0" in r.json()["error"]["message"]
