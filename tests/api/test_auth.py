@@ -39,6 +39,7 @@ def test_missing_or_wrong_key_is_401_on_every_route(
     ids = {"job_id": _job(client, dataset_id), "dataset_id": dataset_id, "artifact_id": new_id()}
     ids["file_id"] = dataset_id  # /v1/files: the same rows
     ids["step"] = "1"  # GET /jobs/{job_id}/checkpoints/{step}
+    ids["model"] = "tiny"  # GET /v1/models/{model}
     revoked = new_key(app, "acme")
     assert client.get("/jobs", headers=revoked).status_code == 200
     with session_scope(app.state.services.sessions) as s:
