@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from api.auth import PrincipalDep
 from api.deps import Services, ServicesDep
 from api.inference_client import Adapter, EngineError, InferenceClient
-from api.openai.errors import AUTHED, OpenAIRoute, documented, error_response
+from api.openai.errors import AUTHED, OpenAIErrorResponse, OpenAIRoute, documented, error_response
 from core import ft_names
 from core.errors import FtuneError, NotFound, Unavailable
 from models import served
@@ -33,7 +33,13 @@ from models.tenants import Principal
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(tags=["openai: chat"], route_class=OpenAIRoute, responses=documented(*AUTHED, 404))
+ENGINE_ERRORS: dict[int | str, dict[str, Any]] = {
+    503: {"model": OpenAIErrorResponse, "description": "No inference engine, or it cannot be reached"},
+    504: {"model": OpenAIErrorResponse, "description": "The inference engine did not answer in time"},
+}
+router = APIRouter(
+    tags=["openai: chat"], route_class=OpenAIRoute, responses=documented(*AUTHED, 404) | ENGINE_ERRORS
+)
 
 # Bounds checked before anything reaches the engine (which checks the context length itself).
 MAX_N = 16
