@@ -171,8 +171,11 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
     if spec.sample_prompts and sharded:
         log.warning("no before/after samples under FSDP (num_gpus > 1): see training.samples")
     elif spec.sample_prompts:
-        state.prompts = samples.prompts_for(config, tokenizer, val_items)
-        log.info("%d sample prompts", len(state.prompts))
+        try:
+            state.prompts = samples.prompts_for(config, tokenizer, val_items)
+            log.info("%d sample prompts", len(state.prompts))
+        except Exception:  # samples are a view of the run: never the reason it fails
+            log.warning("no before/after samples: their prompts could not be rendered", exc_info=True)
     return state
 
 
@@ -371,9 +374,13 @@ def record_samples(state: State, at: Literal["eval", "end"]) -> None:
     if not state.prompts:
         return
     parts, limit = state.parts, state.spec.sample_max_tokens
-    items = samples.generate_samples(
-        parts.model, state.tokenizer, state.prompts, limit, parts.device, parts.autocast
-    )
+    try:
+        items = samples.generate_samples(
+            parts.model, state.tokenizer, state.prompts, limit, parts.device, parts.autocast
+        )
+    except Exception:  # e.g. out of memory for the KV cache, which the plan does not count
+        log.warning("no before/after samples at step %d", state.pos.step, exc_info=True)
+        return
     state.writer.write(SamplesRecord(step=state.pos.step, at=at, items=items))
     log.info("samples at step %d (%s): %d prompts", state.pos.step, at, len(items))
 

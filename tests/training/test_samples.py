@@ -160,3 +160,14 @@ def test_sampling_at_each_evaluation_does_not_change_training(make_config) -> No
     assert [r["loss"] for r in a if r["type"] == "step"] == [r["loss"] for r in b if r["type"] == "step"]
     sets = [(r["step"], r["at"], len(r["items"])) for r in b if r["type"] == "samples"]
     assert sets == [(2, "eval", 2), (4, "eval", 2), (4, "end", 2)]
+
+
+def test_a_failed_sampling_never_fails_the_run(make_config, monkeypatch: pytest.MonkeyPatch) -> None:
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("no room for the KV cache")
+
+    monkeypatch.setattr(samples, "generate_samples", out_of_memory)
+    config = make_config(qa_rows(8), sample_prompts=["Hi"], max_steps=1)
+    assert run(config) == 0
+    types = [r["type"] for r in read_metrics(Path(config.output_dir) / "metrics.jsonl")]
+    assert "samples" not in types and types[-1] == "done"
