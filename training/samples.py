@@ -15,7 +15,9 @@ assistant turn's generation prompt), keeps its last max_seq_len tokens, and is c
 at most sample_max_tokens new tokens: once with the adapter disabled (peft's disable_adapter(): the
 base) and once with it. Generation runs in eval mode under no_grad, one prompt at a time (no padding,
 so a completion is exactly what a plain generate() of that prompt gives), and the RNG state is
-restored afterwards, so a run that samples trains exactly like one that does not.
+restored afterwards, so a run that samples trains exactly like one that does not. A failure to sample
+(say, out of memory for the KV cache, which the plan does not count) is logged by the recipe, and the
+run goes on without samples.
 
 Under FSDP (num_gpus > 1) there are no samples: generate() on fully_shard'ed modules would have every
 rank run each decoding step in lockstep, which a data-dependent stopping point makes fragile; the run
@@ -25,7 +27,7 @@ logs why and trains as usual.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,15 +99,16 @@ def data_is_chat(config: RunConfig) -> bool:
 def example_prompts(config: RunConfig, tokenizer: Any, n: int) -> list[Prompt]:
     """The prompts of the first n examples of the validation split (else the training file) that have one."""
     spec = config.spec
+    examples: Iterable[Example]
     if spec.validation_dataset_id and config.validation_path:
-        examples = kept_examples(
-            Path(config.validation_path), config.validation_column_mapping, tokenizer, spec
-        )
+        path, mapping = Path(config.validation_path), config.validation_column_mapping
+        examples = kept_examples(path, mapping, tokenizer, spec)
     else:
         examples = kept_examples(Path(config.dataset_path), config.column_mapping, tokenizer, spec)
         if spec.validation_fraction:
-            # The same hold-out as training's load_splits: the same kept examples, fraction and seed.
-            _, examples = split_validation(examples, spec.validation_fraction, spec.seed)
+            # The same hold-out as training's load_splits: the same kept examples, fraction and seed
+            # (the one case that reads the whole file; otherwise reading stops at the n-th prompt).
+            _, examples = split_validation(list(examples), spec.validation_fraction, spec.seed)
     prompts: list[Prompt] = []
     for e in examples:
         prompt = example_prompt(e, tokenizer, spec.max_seq_len)
@@ -116,17 +119,17 @@ def example_prompts(config: RunConfig, tokenizer: Any, n: int) -> list[Prompt]:
     return prompts
 
 
-def kept_examples(path: Path, mapping: dict[str, str] | None, tokenizer: Any, spec: JobSpec) -> list[Example]:
+def kept_examples(
+    path: Path, mapping: dict[str, str] | None, tokenizer: Any, spec: JobSpec
+) -> Iterator[Example]:
     """The file's examples that training keeps (training.data.fit_to_length), in file order."""
-    kept = []
     for e in read_examples(path, mapping):
         whole = tokenize_example(e, tokenizer, None, spec.train_on_inputs)
         try:
             fit_to_length([whole], spec.max_seq_len, spec.over_length)
         except DatasetError:
             continue  # dropped by training: too long under over_length=drop, or nothing to train on
-        kept.append(e)
-    return kept
+        yield e
 
 
 def example_prompt(e: Example, tokenizer: Any, max_seq_len: int) -> Prompt | None:
