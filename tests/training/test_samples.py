@@ -145,19 +145,30 @@ def test_completions_are_bounded_by_sample_max_tokens(tiny_model: Path, tokenize
         assert 1 <= len(new) <= limit
 
 
+class StopAfter:
+    """A stop flag that goes up once `steps` step records are in the metrics file (SIGTERM in that step)."""
+
+    def __init__(self, out: Path, steps: int) -> None:
+        self.metrics, self.steps = out / "metrics.jsonl", steps
+
+    def is_set(self) -> bool:
+        return sum(r["type"] == "step" for r in read_metrics(self.metrics)) >= self.steps
+
+
 @pytest.mark.slow
-def test_sampling_at_each_evaluation_does_not_change_training(make_config) -> None:
+def test_sampling_at_each_evaluation_does_not_change_training_nor_repeats_after_a_resume(make_config) -> None:
     common = {"max_steps": 4, "validation_fraction": 0.25, "eval_every_steps": 2, "lora_dropout": 0.1}
     plain = make_config(qa_rows(16), name="plain", **common)
     sampled = make_config(
         qa_rows(16), name="sampled", sample_prompts=2, sample_at_eval=True, sample_max_tokens=4, **common
     )
-    assert run(plain) == 0 and run(sampled) == 0
-    a, b = (
-        read_metrics(Path(plain.output_dir) / "metrics.jsonl"),
-        read_metrics(Path(sampled.output_dir) / "metrics.jsonl"),
-    )
+    out = Path(sampled.output_dir)
+    assert run(plain) == 0
+    assert run(sampled, StopAfter(out, 2)) == 3  # stopped after step 2 (and its evaluation), checkpointed
+    assert run(sampled) == 0  # resumed from step 2
+    a, b = read_metrics(Path(plain.output_dir) / "metrics.jsonl"), read_metrics(out / "metrics.jsonl")
     assert [r["loss"] for r in a if r["type"] == "step"] == [r["loss"] for r in b if r["type"] == "step"]
+    assert [r["resumed_from_step"] for r in b if r["type"] == "start"] == [0, 2]
     sets = [(r["step"], r["at"], len(r["items"])) for r in b if r["type"] == "samples"]
     assert sets == [(2, "eval", 2), (4, "eval", 2), (4, "end", 2)]
 
