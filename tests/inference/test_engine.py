@@ -205,3 +205,26 @@ def test_unloaded_adapter_leaves_memory_at_next_request(
     engine.unregister("gone")
     engine.complete(engine.resolve(BASE), MESSAGES, GREEDY)
     assert engine.resident_adapters(BASE) == []
+
+
+def test_one_base_at_a_time_with_its_adapters(
+    catalog: Catalog, tiny_model: Path, make_adapter: Callable[..., Path]
+) -> None:
+    """A request for another base drops the loaded one and its resident adapters; they come back on use."""
+    import shutil
+
+    other = tiny_model.parent / "tiny-copy"
+    if not other.exists():
+        shutil.copytree(tiny_model, other)
+    engine = Engine(catalog)
+    engine.register("on-tiny", str(make_adapter(3)))
+    _, first = engine.complete(engine.resolve("on-tiny"), MESSAGES, GREEDY)
+    assert list(engine._bases) == [BASE] and engine.resident_adapters(BASE) == ["on-tiny"]
+
+    _, copy_answer = engine.complete(engine.resolve("tiny-copy"), MESSAGES, GREEDY)
+    assert list(engine._bases) == ["tiny-copy"] and engine.resident_adapters(BASE) == []
+
+    _, again = engine.complete(engine.resolve("on-tiny"), MESSAGES, GREEDY)
+    assert list(engine._bases) == [BASE] and again.token_ids == first.token_ids
+    _, base_answer = engine.complete(engine.resolve(BASE), MESSAGES, GREEDY)
+    assert copy_answer.token_ids == base_answer.token_ids  # the same weights under another name
