@@ -149,24 +149,34 @@ def stack(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Iterato
 
 class Receiver:
     """A real local HTTP server for webhooks that fails the first `fails` attempts of every webhook-id with
-    a 500, and records every request (headers, body, the status it answered)."""
+    a 500, and records every request (headers, body, the status it answered) and, as a receiver should, its
+    signature checked on arrival (`secret`)."""
 
     secret = ""
 
     def __init__(self, fails: int, port: int = 0) -> None:
         self.received: list[tuple[dict[str, str], bytes, int]] = []
+        # each request as the SDK's webhooks.unwrap read it on arrival (with `secret`), or its error
+        self.unwrapped: list[Any] = []
         self.lock = threading.Lock()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["content-length"]))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                try:
+                    verifier = openai.OpenAI(api_key="unused", webhook_secret=receiver.secret)
+                    unwrapped: Any = verifier.webhooks.unwrap(body, headers)
+                except Exception as e:  # recorded, and asserted on by the test
+                    unwrapped = e
                 with receiver.lock:
                     seen = sum(
                         1 for h, _, _ in receiver.received if h["webhook-id"] == self.headers["webhook-id"]
                     )
                     status = 500 if seen < fails else 200
-                    receiver.received.append(({k.lower(): v for k, v in self.headers.items()}, body, status))
+                    receiver.received.append((headers, body, status))
+                    receiver.unwrapped.append(unwrapped)
                 self.send_response(status)
                 self.send_header("content-length", "0")
                 self.end_headers()

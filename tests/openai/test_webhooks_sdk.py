@@ -25,6 +25,7 @@ from tests.openai.conftest import TINY_RUN, Receiver, Stack, wait_for
 from tests.worker.test_webhook_delivery import finished_job
 
 pytestmark = pytest.mark.slow
+AGES = 10**6  # seconds: a signature check that accepts a delivery of any age
 
 
 def test_webhooks_signed_retried_and_delivered_once_per_id(
@@ -53,10 +54,10 @@ def test_webhooks_signed_retried_and_delivered_once_per_id(
         time.sleep(0.2)
     time.sleep(3)  # several delivery passes later: nothing more arrives for an accepted event
 
-    verifier = openai.OpenAI(api_key="unused", webhook_secret=secret)
     events = {}
-    for headers, body, _ in receiver.received:  # every attempt verifies, refused ones too
-        event = verifier.webhooks.unwrap(body, headers)
+    for (headers, _, _), event in zip(receiver.received, receiver.unwrapped, strict=True):
+        # every attempt verified when it arrived (the SDK refuses one older than 5 minutes), refused ones too
+        assert not isinstance(event, Exception), event
         assert event.id == headers["webhook-id"]
         events[event.id] = (event.type, event.data.id)
     assert sorted(events.values()) == sorted(
@@ -65,15 +66,17 @@ def test_webhooks_signed_retried_and_delivered_once_per_id(
     assert receiver.accepted() == {event_id: 1 for event_id in events}  # exactly once per id
     assert len(receiver.received) == 3 * len(events)  # two refused attempts, then the accepted one
 
+    # A tampered body or another secret fails the signature (any age: the check is the signature's).
+    verifier = openai.OpenAI(api_key="unused", webhook_secret=secret)
     headers, body, _ = receiver.received[-1]
+    verifier.webhooks.verify_signature(body, headers, tolerance=AGES)
     tampered = json.loads(body)
     tampered["data"]["id"] = "0" * 32
     with pytest.raises(openai.InvalidWebhookSignatureError):
-        verifier.webhooks.unwrap(json.dumps(tampered), headers)
+        verifier.webhooks.verify_signature(json.dumps(tampered), headers, tolerance=AGES)
+    other = openai.OpenAI(api_key="unused", webhook_secret=webhooks_db.new_secret())
     with pytest.raises(openai.InvalidWebhookSignatureError):
-        openai.OpenAI(api_key="unused", webhook_secret=webhooks_db.new_secret()).webhooks.unwrap(
-            body, headers
-        )
+        other.webhooks.verify_signature(body, headers, tolerance=AGES)
 
     engine = make_engine(stack.database_url)  # every attempt is recorded
     try:
@@ -131,6 +134,7 @@ def test_a_pending_delivery_survives_a_kill_9_of_the_worker_and_is_sent_once(
             assert event is not None and event.delivered_at is None and event.gave_up_at is None
 
         receiver = Receiver(fails=0, port=port)
+        receiver.secret = secret
         second = Proc(["worker"], env, tmp_path / "worker2.log")
         deadline = time.monotonic() + 120
         while not receiver.accepted():
@@ -138,8 +142,8 @@ def test_a_pending_delivery_survives_a_kill_9_of_the_worker_and_is_sent_once(
             time.sleep(0.1)
         time.sleep(2)  # several ticks later: nothing more arrives for the accepted event
         assert receiver.accepted() == {event_id: 1} and len(receiver.received) == 1
-        headers, body, _ = receiver.received[0]
-        event = openai.OpenAI(api_key="unused", webhook_secret=secret).webhooks.unwrap(body, headers)
+        [event] = receiver.unwrapped  # signed as the SDK checks it, on arrival
+        assert not isinstance(event, Exception), event
         assert (event.id, event.type, event.data.id) == (event_id, "fine_tuning.job.succeeded", job_id)
         recorded = attempts()
         assert recorded[: len(failed)] == failed and recorded[-1][1] == 200
