@@ -91,7 +91,8 @@ class Engine:
             known = self._registry.get(name)
             if known is not None and (known.path, known.base) != (adapter.path, adapter.base):
                 raise invalid(
-                    f"the LoRA adapter {name!r} is already loaded from {known.path}; unload it first",
+                    # vLLM's words, which clients (api/inference_client.py) recognise
+                    f"The lora adapter {name!r} has already been loaded (from {known.path}); unload it first",
                     "lora_name",
                     code="lora_already_loaded",
                 )
