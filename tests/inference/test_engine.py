@@ -3,6 +3,7 @@ plain transformers / peft generate."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -141,6 +142,11 @@ def test_stop_strings_sampling_seed_and_length(catalog: Catalog, make_adapter: C
     assert cut.finish_reason == "stop"
     assert cut.text == full.text[: full.text.index(stop)] == "".join(pieces)
     assert cut.tokens < 20
+
+    # a client that went away (scheduler.withdraw sets the event): generation stops at the next token
+    gone = threading.Event()
+    prepared = engine.start(target, MESSAGES, Sampling(max_tokens=20, temperature=0, ignore_eos=True))
+    assert engine.generate(prepared, lambda _: gone.set(), gone).tokens < 5
 
     sampled = Sampling(max_tokens=10, temperature=1.0, top_p=0.9)
     one = engine.complete(target, MESSAGES, sampled, seed=7)[1].token_ids
