@@ -16,7 +16,8 @@ from core.spec import ID_RE
 
 # File names inside a job directory; training.run writes them, the worker and API read them.
 RUN_CONFIG = "run.json"
-PLAN_FILE = "plan.json"
+PLAN_FILE = "plan.json"  # the plan the job runs under: re-made from its data's lengths and on its worker
+ADMISSION_PLAN_FILE = "admission-plan.json"  # the plan it was admitted on, kept as it was
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.json"  # the before/after samples, written by the worker from the records
 ERROR_FILE = "error.json"
@@ -70,6 +71,9 @@ class Storage:
 
     def plan_path(self, job_id: str) -> Path:
         return self.job_dir(job_id) / PLAN_FILE
+
+    def admission_plan_path(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / ADMISSION_PLAN_FILE
 
     def metrics_path(self, job_id: str) -> Path:
         return self.job_dir(job_id) / METRICS_FILE

@@ -12,7 +12,7 @@ from core.arch import load_architecture
 from core.catalog import Catalog
 from core.data.examples import kind_of
 from core.errors import InvalidInput, NotFound, Unsupported
-from core.planner import Plan
+from core.planner import BatchShape, Plan
 from core.planner.feasibility import plan_for_fleet, plan_on, require_fits, tokens_per_epoch
 from core.planner.gpus import resolve_gpu
 from core.planner.sharding import fsdp_problem
@@ -137,8 +137,10 @@ def make_plan(
     gpu: str | None,
     tenant_id: str,
     plan_gpu: str = "",
+    shape: BatchShape | None = None,
 ) -> Plan | None:
-    """Plan on a named GPU, else on the fleet, else on `plan_gpu` (settings.plan_gpu); else None."""
+    """Plan on a named GPU, else on the fleet, else on `plan_gpu` (settings.plan_gpu); else None.
+    `shape`: the data's largest micro-batch (token statistics), else the worst case."""
     try:
         model = catalog.get(spec.base_model)
     except NotFound as e:
@@ -148,12 +150,12 @@ def make_plan(
     report: dict[str, Any] = ds.report if ds is not None else {}
     tokens = tokens_per_epoch(report, spec.max_seq_len)
     if gpu:
-        return plan_on(spec, arch, resolve_gpu(gpu), tokens)
+        return plan_on(spec, arch, resolve_gpu(gpu), tokens, shape=shape)
     fleet = [w.devices for w in workers_db.fleet(session)]
     if fleet:
-        return plan_for_fleet(spec, arch, fleet, tokens)
+        return plan_for_fleet(spec, arch, fleet, tokens, shape=shape)
     if plan_gpu:
-        return plan_on(spec, arch, resolve_gpu(plan_gpu), tokens)
+        return plan_on(spec, arch, resolve_gpu(plan_gpu), tokens, shape=shape)
     return None
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from core.arch import Architecture, load_architecture
 from core.catalog import Catalog
 from core.errors import FtuneError
-from core.planner import Plan
+from core.planner import BatchShape, Plan
 from core.planner.feasibility import plan_on, worker_device
 from core.queues import class_queue
 from core.spec import JobSpec
@@ -48,7 +48,7 @@ class Placer:
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
         self._arch: dict[str, Architecture | None] = {}
-        self._verdicts: dict[tuple[str, str], Verdict] = {}
+        self._verdicts: dict[tuple[str, str, bool], Verdict] = {}
 
     def _architecture(self, base_model: str) -> Architecture | None:
         if base_model not in self._arch:
@@ -59,15 +59,18 @@ class Placer:
         return self._arch[base_model]
 
     def verdict(self, job: Job, devices: list[dict[str, Any]]) -> Verdict:
-        key = (job.id, devices_key(devices))
+        """The job planned on `devices`: from its data's largest micro-batch once its token statistics
+        are ready, else for the worst case (every micro-batch max_seq_len tokens)."""
+        shape = BatchShape.from_token_stats(job.token_stats)
+        key = (job.id, devices_key(devices), shape is not None)
         if key not in self._verdicts:
-            self._verdicts[key] = self._judge(JobSpec.model_validate(job.spec), devices)
+            self._verdicts[key] = self._judge(JobSpec.model_validate(job.spec), devices, shape)
         return self._verdicts[key]
 
     def fits(self, job: Job, devices: list[dict[str, Any]]) -> bool:
         return self.verdict(job, devices).fits
 
-    def _judge(self, spec: JobSpec, devices: list[dict[str, Any]]) -> Verdict:
+    def _judge(self, spec: JobSpec, devices: list[dict[str, Any]], shape: BatchShape | None) -> Verdict:
         try:
             gpu = worker_device(devices, spec.num_gpus)
         except FtuneError:  # a declared device the planner does not know
@@ -80,7 +83,7 @@ class Placer:
         if arch is None:
             return Verdict(True, None)
         try:
-            plan = plan_on(spec, arch, gpu)
+            plan = plan_on(spec, arch, gpu, shape=shape)
         except FtuneError as e:
             return Verdict(True, None, e.message)
         need = plan.total_bytes + gpu.reserve_bytes

@@ -67,7 +67,8 @@ def submit_job(
             created.suffix, created.user_metadata = openai.suffix, openai.metadata
             created.openai = openai.request
         if plan is not None:  # the itemised prediction, shown beside the measured peak on the job page
-            atomic_write_text(storage.plan_path(job_id), plan.model_dump_json())
+            atomic_write_text(storage.admission_plan_path(job_id), plan.model_dump_json())
+            atomic_write_text(storage.plan_path(job_id), plan.model_dump_json())  # until re-planned
         jobs_db.mark_enqueued(s, job_id=job_id)
     with sessions() as s:  # read before the wake-up: the answer is the job as accepted, queued
         job = jobs_db.get_job(s, job_id)

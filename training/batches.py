@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections.abc import Mapping, Sequence
+from itertools import islice
 
 import numpy as np
 
@@ -109,6 +110,36 @@ def total_steps(spec: JobSpec, lengths: Sequence[int]) -> int:
     if not spec.packing:
         return spec.epochs * math.ceil(len(lengths) / step_rows(spec))
     return sum(len(epoch_steps(spec, lengths, e)) for e in range(spec.epochs))
+
+
+# The epochs scanned for the largest micro-batch (each epoch forms its own; more scan little more: with
+# enough data nearly every packed row is full, with little data a micro-batch holds all of it).
+SHAPE_EPOCHS = 3
+
+
+def largest_micro_batch(
+    spec: JobSpec, lengths: Sequence[int], widths: Sequence[int], targets: Sequence[int]
+) -> tuple[int, int, int]:
+    """(tokens, widest sequence, target tokens) of the largest micro-batches the run forms, what the
+    planner counts activations and logits with (each the largest over the micro-batches, so together
+    a bound). `lengths`: what batching counts per example (a pair: both sides); `widths`: an example's
+    longest sequence (a pair: its longer side); `targets`: its scored tokens, the only positions the
+    engine computes logits for (training.step.token_loss_sum).
+    Padded: a micro-batch is its rows padded to their longest (a pair: both sides). Packed: one row of
+    its examples' tokens, in which attention runs per example. The run's steps in order (max_steps may
+    end it early), over its first SHAPE_EPOCHS epochs."""
+    if not lengths:
+        return 0, 0, 0
+    epochs = SHAPE_EPOCHS if spec.max_steps is not None else min(spec.epochs, SHAPE_EPOCHS)
+    steps = (step for epoch in range(epochs) for step in epoch_steps(spec, lengths, epoch))
+    tokens = scored = 0
+    for step in islice(steps, spec.max_steps):
+        for micro in split_step(spec, lengths, step):
+            rows = len(micro) * spec.sequences_per_example
+            padded = rows * max(widths[i] for i in micro)
+            tokens = max(tokens, sum(lengths[i] for i in micro) if spec.packing else padded)
+            scored = max(scored, sum(targets[i] for i in micro))
+    return tokens, max(widths), scored
 
 
 def best_fit_decreasing(items: Sequence[int], lengths: Lengths, capacity: int) -> list[list[int]]:

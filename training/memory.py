@@ -22,13 +22,16 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from core.planner import BatchShape
 from core.spec import JobSpec
+from training import batches
 
 MEASURED_STEPS = 3
 log = logging.getLogger("ftune.training")
@@ -159,9 +162,22 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(devnull)
 
 
-def predicted_peak_bytes(spec: JobSpec, model_dir: Path, device: torch.device) -> int | None:
-    """The planner's allocated bytes for this spec on the device this run uses: what the tracker
-    measures (max_memory_allocated on CUDA, live tensor bytes on a CPU), stored next to it."""
+def batch_shape(spec: JobSpec, items: Sequence[Any]) -> BatchShape | None:
+    """The largest micro-batch this run forms from its training examples (or preference pairs)."""
+    if not items:
+        return None
+    widths = [max(x.chosen.length, x.rejected.length) if hasattr(x, "chosen") else x.length for x in items]
+    lengths, targets = [x.length for x in items], [x.num_targets for x in items]
+    tokens, widest, scored = batches.largest_micro_batch(spec, lengths, widths, targets)
+    return BatchShape(tokens=tokens, seq_len=widest, targets=scored)
+
+
+def predicted_peak_bytes(
+    spec: JobSpec, model_dir: Path, device: torch.device, shape: BatchShape | None = None
+) -> int | None:
+    """The planner's allocated bytes for this spec on the device this run uses, for the run's largest
+    micro-batch: what the tracker measures (max_memory_allocated on CUDA, live tensor bytes on a
+    CPU), stored next to it."""
     from core.arch import load_architecture
     from core.planner.feasibility import device_gpu, plan_on
 
@@ -172,7 +188,7 @@ def predicted_peak_bytes(spec: JobSpec, model_dir: Path, device: torch.device) -
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         dev = {"kind": "cpu", "name": "cpu", "memory_bytes": ram}
     try:
-        return plan_on(spec, load_architecture(model_dir), device_gpu(dev)).allocated_bytes
+        return plan_on(spec, load_architecture(model_dir), device_gpu(dev), shape=shape).allocated_bytes
     except Exception:  # a model the planner does not know must not stop training
         log.warning("no memory prediction for this run", exc_info=True)
         return None

@@ -111,6 +111,9 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
 
     tokenizer = model.load_tokenizer(Path(config.model_dir))
     items, val_items, dropped, token_stats = load_splits(config, tokenizer)
+    shape = memory.batch_shape(spec, items)  # what the planner counts activations and logits with
+    if shape is not None:
+        token_stats |= shape.token_stats()
     log.info(
         "dataset: %d training and %d validation examples or pairs (%d dropped: over max_seq_len with "
         "over_length=drop, or nothing to train on); tokens per example %s",
@@ -150,7 +153,7 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
             token_stats=token_stats,
             trainable_params=sum(p.numel() for p in params),
             resumed_from_step=pos.step,
-            predicted_peak_bytes=memory.predicted_peak_bytes(spec, Path(config.model_dir), device),
+            predicted_peak_bytes=memory.predicted_peak_bytes(spec, Path(config.model_dir), device, shape),
         )
     )
     state = State(

@@ -41,6 +41,7 @@ def compute(
 ) -> dict[str, Any]:
     """The statistics of `dataset` for `spec` (a core.spec.JobSpec) against model_dir's tokenizer."""
     from training import batches, data, evaluate, preference
+    from training.memory import batch_shape
 
     tokenizer = _tokenizer(model_dir)
     # objective dpo: pairs (training.preference), whose statistics add prompt and completion lengths
@@ -56,6 +57,7 @@ def compute(
     steps = batches.epoch_steps(spec, lengths, 0)
     micro_batches = sum(len(batches.split_step(spec, lengths, s)) for s in steps)
     steps_per_epoch = len(steps)
+    shape = batch_shape(spec, train)  # the planner re-plans the job with it
     return {
         **stats,
         "max_seq_len": spec.max_seq_len,
@@ -66,6 +68,7 @@ def compute(
         "examples_per_micro_batch": round(len(train) / micro_batches, 2),
         # A packed step holds many examples, so max_steps can be many more epochs than it looks.
         "run_epochs": round(spec.max_steps / steps_per_epoch, 2) if spec.max_steps else spec.epochs,
+        **(shape.token_stats() if shape else {}),
     }
 
 

@@ -70,9 +70,18 @@ def token_stats(job_id: str) -> str:
     r = _runner()
     compute = subprocess_compute(r.settings.token_stats_timeout_seconds)
     stop = runner.shutting_down  # a shutdown kills the computation; training's start fills them then
-    return compute_and_store(
-        r.sessions, catalog=r.catalog, storage=r.storage, compute=compute, job_id=job_id, stop=stop
+    outcome = compute_and_store(
+        r.sessions,
+        catalog=r.catalog,
+        storage=r.storage,
+        compute=compute,
+        job_id=job_id,
+        stop=stop,
+        plan_gpu=r.settings.plan_gpu,
     )
+    if outcome == "replanned":  # a smaller plan may fit workers it did not: placement looks again
+        _wake(job_id)
+    return outcome
 
 
 @app.task(name=REAP)

@@ -31,6 +31,7 @@ from core.storage import Storage
 from models import datasets as datasets_db
 from models import jobs as jobs_db
 from models.db import session_scope
+from models.replan import replan
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +79,10 @@ def compute_and_store(
     compute: Compute,
     job_id: str,
     stop: threading.Event,
+    plan_gpu: str = "",
 ) -> str:
-    """Compute and store one job's statistics; returns what happened (for the task's log)."""
+    """Compute and store one job's statistics, then re-plan the job from them (models.replan); returns
+    what happened (for the task's log; "replanned": the job may now fit other workers)."""
     try:
         with sessions() as s:
             request = request_for(s, catalog=catalog, storage=storage, job_id=job_id)
@@ -97,7 +100,11 @@ def compute_and_store(
         if not jobs_db.store_token_stats(s, job_id, result):
             log.info("job %s: token statistics already filled by training; kept those", job_id)
             return "kept"
-    return str(result["status"])
+    if result["status"] != "ready":
+        return str(result["status"])
+    with session_scope(sessions) as s:  # the plan from the data's lengths, in a transaction of its own
+        plan = replan(s, catalog=catalog, storage=storage, job_id=job_id, plan_gpu=plan_gpu)
+    return "replanned" if plan is not None else "ready"
 
 
 def subprocess_compute(timeout_seconds: float) -> Compute:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tarfile
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import FileResponse, StreamingResponse
@@ -63,10 +63,22 @@ def stream_events(
 
 
 @router.get("/{job_id}/plan", response_model=Plan)
-def get_plan(job_id: str, session: SessionDep, services: ServicesDep, principal: PrincipalDep) -> Any:
-    """The memory plan the job was admitted on (itemised), to compare with the measured peak."""
+def get_plan(
+    job_id: str,
+    session: SessionDep,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    stage: Literal["current", "admission"] = "current",
+) -> Any:
+    """The job's memory plan (itemised), to compare with the measured peak. `current`: the plan it runs
+    under, re-made from its data's lengths once its token statistics are ready and on the worker that
+    claims it; `admission`: the plan it was admitted on (the worst case: every micro-batch max_seq_len
+    tokens)."""
     _get(session, job_id, principal)
-    path = services.storage.plan_path(job_id)
+    storage = services.storage
+    path = storage.admission_plan_path(job_id) if stage == "admission" else storage.plan_path(job_id)
+    if stage == "admission" and not path.is_file():  # admitted before the admission plan was kept apart
+        path = storage.plan_path(job_id)
     if not path.is_file():
         raise NotFound(
             f"job {job_id} was admitted without a plan (no worker had reported its devices)",

@@ -46,6 +46,14 @@ class TokenStats(BaseModel):
         None,
         description="Passes over the training data the run makes: epochs, or max_steps / steps_per_epoch.",
     )
+    # What the planner re-plans the job with (core.planner.BatchShape): training.batches.largest_micro_batch.
+    max_micro_batch_tokens: int | None = Field(
+        None, description="Tokens of the largest micro-batch training forms, padding included."
+    )
+    longest_sequence: int | None = Field(None, description="The widest sequence of a micro-batch in tokens.")
+    max_micro_batch_targets: int | None = Field(
+        None, description="The most scored tokens in a micro-batch (the positions logits are computed for)."
+    )
     # Objective dpo (training.preference.pair_stats): an example is a preference pair, and count, p50,
     # p95, max and over_max_seq_len are of its longer side (prompt + longer reply, what max_seq_len bounds).
     kind: Literal["sft", "preference"] | None = Field(None, description="preference: pairs (dpo).")

@@ -15,6 +15,10 @@ reference's two log-probs per pair are kept through forward and backward.
 allocated_bytes (the peak without the last two) is what a run measures: max_memory_allocated on CUDA,
 live tensor bytes on a CPU (tests/training/test_planner_vs_measured.py holds it within 15% there).
 A phase that is not the peak is listed with 0 bytes and its size in the note, so terms sum to total.
+Tokens: a micro-batch is planned at micro_batch_size x max_seq_len tokens, every position scored (the
+worst case), until the job's token statistics give the data's largest micro-batch (BatchShape: its tokens,
+widest sequence and scored tokens; the engine computes logits for scored positions only). The job is then
+re-planned from it (models.replan), and placement and training's own prediction use it too.
 What a training framework keeps beyond the JobSpec (ftune's engine by default) is a Runtime.
 Cached blocks the allocator keeps reserved but would free (and retry) before an OOM are reported beside
 the total, not in it, for comparing with nvidia-smi or max_memory_reserved: loss_segments_bytes (the
@@ -39,6 +43,6 @@ Modules, in reading order:
 """
 
 from core.planner.estimate import estimate
-from core.planner.types import FTUNE, Plan, Runtime, Suggestion, Term
+from core.planner.types import FTUNE, BatchShape, Plan, Runtime, Suggestion, Term
 
-__all__ = ["FTUNE", "Plan", "Runtime", "Suggestion", "Term", "estimate"]
+__all__ = ["FTUNE", "BatchShape", "Plan", "Runtime", "Suggestion", "Term", "estimate"]

@@ -42,7 +42,7 @@ def cached_bytes(c: Context, gpu: Gpu, total: int) -> tuple[int, int]:
     # the logits' dtype (every buffer the same size) nor fp32 logits.
     shifted = 2 if c.runtime.loss_shift_copy else 1
     loss_segments = (
-        shifted * c.tokens * c.arch.vocab_size * e if not c.cpu and c.runtime.loss_fp32 and e < 4 else 0
+        shifted * c.logit_tokens * c.arch.vocab_size * e if not c.cpu and c.runtime.loss_fp32 and e < 4 else 0
     )
     # Reserved (not allocated) memory on data whose lengths vary from batch to batch. The caching allocator
     # keeps freed blocks and only merges free neighbours inside one segment. The vocab-sized loss buffers

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from core.arch import Architecture, LinearModule
 from core.planner.gpus import Gpu
 from core.planner.memory import DTYPE_BYTES
-from core.planner.types import Runtime
+from core.planner.types import BatchShape, Runtime
 from core.spec import JobSpec
 
 
@@ -51,7 +51,10 @@ class Context:
     full: bool  # method "full": every parameter is trained
     lora: tuple[tuple[LinearModule, int], ...]  # linears peft wraps, each with its number of layers
     trainable: int  # trainable parameters
-    tokens: int  # per micro-batch: sequences are padded to max_seq_len (dpo: two sequences a pair)
+    tokens: int  # per micro-batch (dpo: both sides): the data's largest, else all padded to max_seq_len
+    seq_len: int  # the widest sequence of that micro-batch (eager attention's probabilities scale with it)
+    logit_tokens: int  # positions the lm_head and loss run on: the scored ones (the data's), else all
+    shape: BatchShape | None  # the data's largest micro-batch, None: the worst case
     shard: str  # note suffix of the terms FSDP divides over the GPUs
     store: str  # dtype of the base weights in memory
     store_b: int
@@ -67,7 +70,14 @@ class Context:
     state_b: int  # bytes per AdamW state value
 
 
-def plan_context(spec: JobSpec, arch: Architecture, gpu: Gpu, runtime: Runtime) -> Context:
+def worst_case_tokens(spec: JobSpec) -> int:
+    """Tokens of a micro-batch whose every sequence is max_seq_len long (dpo: a pair is two sequences)."""
+    return spec.micro_batch_size * spec.sequences_per_example * spec.max_seq_len
+
+
+def plan_context(
+    spec: JobSpec, arch: Architecture, gpu: Gpu, runtime: Runtime, shape: BatchShape | None = None
+) -> Context:
     n = spec.num_gpus
     method = spec.method
     cpu = gpu.kind == "cpu"
@@ -109,8 +119,11 @@ def plan_context(spec: JobSpec, arch: Architecture, gpu: Gpu, runtime: Runtime) 
         full=full,
         lora=lora,
         trainable=trainable,
-        # dpo: a micro-batch of micro_batch_size pairs is twice as many sequences (chosen and rejected)
-        tokens=spec.micro_batch_size * spec.sequences_per_example * spec.max_seq_len,
+        # never more than the worst case: a shape from other settings' statistics cannot raise it
+        tokens=min(shape.tokens, worst_case_tokens(spec)) if shape else worst_case_tokens(spec),
+        seq_len=min(shape.seq_len, spec.max_seq_len) if shape else spec.max_seq_len,
+        logit_tokens=min(shape.targets, worst_case_tokens(spec)) if shape else worst_case_tokens(spec),
+        shape=shape,
         shard=f" / {n} GPUs (FSDP shard)" if n > 1 else "",
         store=store,
         store_b=sb,

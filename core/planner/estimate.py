@@ -6,7 +6,7 @@ from core.arch import Architecture
 from core.planner.gpus import Gpu
 from core.planner.peak import peak_plan
 from core.planner.suggest import suggestions
-from core.planner.types import FTUNE, Plan, Runtime
+from core.planner.types import FTUNE, BatchShape, Plan, Runtime
 from core.spec import JobSpec
 
 
@@ -18,8 +18,12 @@ def estimate(
     *,
     suggest: bool = True,
     runtime: Runtime = FTUNE,
+    shape: BatchShape | None = None,
 ) -> Plan:
-    plan = peak_plan(spec, arch, gpu, tokens_per_epoch, runtime)
+    """`shape`: the data's largest micro-batch when its token statistics are known; without it every
+    micro-batch is planned at micro_batch_size x max_seq_len tokens. Suggestions are planned for that
+    worst case (a changed micro-batch or max_seq_len changes the data's micro-batches)."""
+    plan = peak_plan(spec, arch, gpu, tokens_per_epoch, runtime, shape)
     if suggest and not plan.fits:
         plan = plan.model_copy(update={"suggestions": suggestions(spec, arch, gpu, runtime)})
     return plan

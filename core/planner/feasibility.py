@@ -15,7 +15,7 @@ from core.arch import Architecture
 from core.errors import Infeasible, InvalidInput
 from core.planner.estimate import estimate
 from core.planner.gpus import Gpu, resolve_gpu
-from core.planner.types import Plan
+from core.planner.types import BatchShape, Plan
 from core.spec import JobSpec
 
 # Rough characters per token of English BPE text, for an epoch-time estimate before tokenizing.
@@ -55,12 +55,24 @@ def tokens_per_epoch(report: dict[str, Any], max_seq_len: int) -> int | None:
     return int(report["num_examples"] * per_example)
 
 
-def plan_on(spec: JobSpec, arch: Architecture, gpu: Gpu, tokens: int | None = None) -> Plan:
-    return estimate(for_device(spec, gpu), arch, gpu, tokens)
+def plan_on(
+    spec: JobSpec,
+    arch: Architecture,
+    gpu: Gpu,
+    tokens: int | None = None,
+    *,
+    shape: BatchShape | None = None,
+) -> Plan:
+    return estimate(for_device(spec, gpu), arch, gpu, tokens, shape=shape)
 
 
 def plan_for_fleet(
-    spec: JobSpec, arch: Architecture, fleet: list[list[dict[str, Any]]], tokens: int | None = None
+    spec: JobSpec,
+    arch: Architecture,
+    fleet: list[list[dict[str, Any]]],
+    tokens: int | None = None,
+    *,
+    shape: BatchShape | None = None,
 ) -> Plan:
     """The best plan over the fleet's workers (each a list of devices): the roomiest one that fits,
     else the one with the most usable memory (not fitting, with suggestions)."""
@@ -72,7 +84,7 @@ def plan_for_fleet(
             param="num_gpus",
         )
     kinds = {(g.name, g.memory_bytes): g for g in eligible}  # one plan per kind (CPU workers: per RAM)
-    plans = [plan_on(spec, arch, gpu, tokens) for gpu in kinds.values()]
+    plans = [plan_on(spec, arch, gpu, tokens, shape=shape) for gpu in kinds.values()]
     fitting = [p for p in plans if p.fits]
     if fitting:
         return max(fitting, key=lambda p: p.headroom_bytes)

@@ -73,13 +73,14 @@ def reference_terms(c: Context) -> list[Term]:
     e, arch = c.act_b, c.arch
     per_entry = e + (4 if e < 4 else 0) + 4
     layer = c.tokens * e * (arch.hidden_size + 3 * arch.intermediate_size)  # a block's MLP at its widest
-    logits = c.tokens * arch.vocab_size * per_entry
+    logits = c.logit_tokens * arch.vocab_size * per_entry
     return [
         Term(
             name="reference forward (no activations kept)",
             bytes=max(logits, layer),
             note=(
-                f"no-grad forward of both sides: {c.tokens} tokens x vocab {arch.vocab_size:,} x "
+                f"no-grad forward of both sides: {c.logit_tokens} scored tokens x vocab "
+                f"{arch.vocab_size:,} x "
                 f"{per_entry} B (logits, their fp32 log-probs)"
                 + ("" if logits >= layer else "; a block's MLP tensors are larger")
             ),
@@ -98,13 +99,13 @@ def reference_logps_term(c: Context) -> Term:
 
 def loss_buffer_bytes(c: Context) -> int:
     """The vocab-sized buffers of the logits and the loss (see core.planner.memory.logits_bytes_per_token)."""
-    return c.tokens * logits_bytes_per_token(c.arch, c.act_b, c.runtime.loss_fp32)
+    return c.logit_tokens * logits_bytes_per_token(c.arch, c.act_b, c.runtime.loss_fp32)
 
 
 def _activations(c: Context) -> tuple[Term, int]:
     """What forward saves for backward, and one layer's share (which a recomputed layer holds again)."""
     spec, arch, tokens = c.spec, c.arch, c.tokens
-    b, s = spec.micro_batch_size * spec.sequences_per_example, spec.max_seq_len
+    b, s = spec.micro_batch_size * spec.sequences_per_example, c.seq_len
     h = arch.hidden_size
     setup = ActivationSetup(
         compute_bytes=c.act_b,
@@ -132,7 +133,8 @@ def _activations(c: Context) -> tuple[Term, int]:
     else:
         act = arch.num_layers * layer_bytes + final_norm
         act_note = f"{arch.num_layers} layers x {tokens} tokens x {per_layer:,.0f} B/token + final norm"
-    act_note += f"; per layer B/token: {', '.join(parts)}; sequences padded to max_seq_len"
+    padded = c.shape.describe() if c.shape else "sequences padded to max_seq_len (data lengths unknown)"
+    act_note += f"; per layer B/token: {', '.join(parts)}; {padded}"
     return Term(name="activations", bytes=int(act), note=act_note), layer_bytes
 
 
@@ -183,7 +185,7 @@ def _loss_phase(c: Context) -> list[Term]:
             name="logits and loss",
             bytes=loss_buffer_bytes(c),
             note=(
-                f"{c.tokens} tokens x vocab {arch.vocab_size:,} x "
+                f"{c.logit_tokens} scored tokens x vocab {arch.vocab_size:,} x "
                 f"{logits_bytes_per_token(arch, e, loss_fp32) // arch.vocab_size} B: forward keeps "
                 f"the logits ({e} B), their {'fp32 ' if loss_fp32 else ''}copy and the log-probs; "
                 "backward starts with the log-probs and two gradients"
@@ -270,5 +272,6 @@ def _fsdp_terms(c: Context) -> list[Term]:
                 note="one layer's and the root unit's full gradients before reduce-scatter",
             )
         )
-    terms.append(Term(name="NCCL buffers", bytes=NCCL_BYTES, note="communicator buffers, ~300 MiB stated"))
+    if not c.cpu:  # gloo, a CPU's backend, keeps no such buffers (measured: bench/planner_self.py)
+        terms.append(Term(name="NCCL buffers", bytes=NCCL_BYTES, note="communicator buffers, ~300 MiB"))
     return terms

@@ -10,14 +10,19 @@ from core.planner.gpus import Gpu
 from core.planner.speed import epoch_seconds
 from core.planner.state import persistent_terms
 from core.planner.step import step_terms
-from core.planner.types import Plan, Runtime, idle
+from core.planner.types import BatchShape, Plan, Runtime, idle
 from core.spec import JobSpec
 
 
 def peak_plan(
-    spec: JobSpec, arch: Architecture, gpu: Gpu, tokens_per_epoch: int | None, runtime: Runtime
+    spec: JobSpec,
+    arch: Architecture,
+    gpu: Gpu,
+    tokens_per_epoch: int | None,
+    runtime: Runtime,
+    shape: BatchShape | None = None,
 ) -> Plan:
-    c = plan_context(spec, arch, gpu, runtime)
+    c = plan_context(spec, arch, gpu, runtime, shape)
     persistent = persistent_terms(c)
     # The phases of a step, one at a time; the largest makes the peak, the others are listed at 0.
     phases = {
@@ -50,6 +55,8 @@ def peak_plan(
         usable_bytes=usable,
         fits=total <= usable,
         headroom_bytes=usable - total,
+        batch_shape=shape,
+        planned_tokens=c.tokens,
         est_seconds_per_epoch=seconds,
         speed_note=speed_note,
     )

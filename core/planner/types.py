@@ -23,6 +23,41 @@ class Suggestion(BaseModel):
     fits: bool
 
 
+class BatchShape(BaseModel):
+    """The largest micro-batch the engine forms from a job's data (its token statistics), which the
+    planner counts with instead of the worst case, every sequence padded to max_seq_len."""
+
+    tokens: int  # tokens of the largest micro-batch, padding included, all its sequences (dpo: both sides)
+    seq_len: int  # its widest sequence: the longest padded row, or a packed row's longest example
+    targets: int  # the most scored tokens in a micro-batch: the engine computes logits for these only
+
+    def token_stats(self) -> dict[str, int]:
+        """The fields of a job's token statistics (core.data.token_stats) that carry this shape."""
+        return {
+            "max_micro_batch_tokens": self.tokens,
+            "longest_sequence": self.seq_len,
+            "max_micro_batch_targets": self.targets,
+        }
+
+    @classmethod
+    def from_token_stats(cls, stats: dict[str, Any] | None) -> BatchShape | None:
+        """The shape in a job's token statistics once they are ready (None: lengths not known yet)."""
+        stats = stats or {}
+        if stats.get("status", "ready") != "ready" or not stats.get("max_micro_batch_targets"):
+            return None
+        return cls(
+            tokens=int(stats["max_micro_batch_tokens"]),
+            seq_len=int(stats["longest_sequence"]),
+            targets=int(stats["max_micro_batch_targets"]),
+        )
+
+    def describe(self) -> str:
+        return (
+            f"the data's largest micro-batch: {self.tokens} tokens, longest sequence {self.seq_len}, "
+            f"{self.targets} scored"
+        )
+
+
 class Plan(BaseModel):
     gpu: str
     num_gpus: int
@@ -39,6 +74,10 @@ class Plan(BaseModel):
     usable_bytes: int
     fits: bool
     headroom_bytes: int
+    # What the activations and logits were counted for: None is the worst case (every micro-batch
+    # micro_batch_size x max_seq_len tokens), else the data's largest micro-batch (token statistics).
+    batch_shape: BatchShape | None = None
+    planned_tokens: int = 0  # tokens per micro-batch the plan counts with
     est_seconds_per_epoch: float | None = None
     speed_note: str | None = None
     suggestions: list[Suggestion] = []

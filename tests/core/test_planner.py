@@ -10,7 +10,7 @@ import pytest
 
 from core.arch import from_config
 from core.errors import InvalidInput
-from core.planner import Plan, Runtime, estimate
+from core.planner import BatchShape, Plan, Runtime, estimate
 from core.planner.gpus import GiB, resolve_gpu
 from core.planner.memory import (
     ActivationSetup,
@@ -366,3 +366,41 @@ def test_cached_loss_segments_and_varlen_blocks_stay_out_of_the_total() -> None:
 
     cpu = plan_on(job, arch, device_gpu({"kind": "cpu", "name": "cpu", "memory_bytes": 64 * GiB}))
     assert cpu.loss_segments_bytes == cpu.varlen_cache_bytes == 0  # no caching allocator on a CPU
+
+
+# -- the data's lengths (token statistics) ----------------------------------------------------------
+def test_the_datas_largest_micro_batch_replaces_the_worst_case() -> None:
+    """max_seq_len 4096 for data whose longest example is 300 tokens: refused on the worst case (every
+    micro-batch 4 x 4096 tokens), it fits once planned from the data (4 x 300, 900 of them scored)."""
+    arch, gpu = from_config(LLAMA3_8B), resolve_gpu("A10G")
+    job = spec(method="qlora", micro_batch_size=4, max_seq_len=4096, gradient_checkpointing=True)
+    worst = estimate(job, arch, gpu, suggest=False)
+    data = estimate(job, arch, gpu, suggest=False, shape=BatchShape(tokens=1200, seq_len=300, targets=900))
+    assert not worst.fits and data.fits
+    assert worst.batch_shape is None and worst.planned_tokens == 4 * 4096
+    assert data.planned_tokens == 1200 and "the data's largest micro-batch" in next(
+        t.note for t in data.breakdown if t.name == "activations"
+    )
+    assert term(data, "activations") < term(worst, "activations") * 1200 / 16384 * 1.01
+    logits = [t for p in (data, worst) for t in p.breakdown if t.name == "logits and loss"]
+    assert "900 scored tokens" in logits[0].note and "16384 scored tokens" in logits[1].note
+
+
+def test_a_shape_never_plans_more_than_the_worst_case() -> None:
+    arch, gpu = from_config(LLAMA2_7B), resolve_gpu("A100-80GB")
+    job = spec(micro_batch_size=2, max_seq_len=1024)
+    worst = estimate(job, arch, gpu, suggest=False)
+    huge = BatchShape(tokens=10**6, seq_len=10**5, targets=10**6)  # e.g. statistics of other settings
+    assert estimate(job, arch, gpu, suggest=False, shape=huge).total_bytes == worst.total_bytes
+
+
+def test_fsdp_on_cpus_has_no_nccl_buffers() -> None:
+    from core.planner.feasibility import device_gpu, plan_on
+
+    cpu = device_gpu({"kind": "cpu", "name": "cpu", "memory_bytes": 64 * GiB})
+    names = [t.name for t in plan_on(spec(num_gpus=2), from_config(LLAMA2_7B), cpu).breakdown]
+    assert "FSDP all-gathered units" in names and "NCCL buffers" not in names
+    names = [
+        t.name for t in estimate(spec(num_gpus=2), from_config(LLAMA2_7B), resolve_gpu("A100-80GB")).breakdown
+    ]
+    assert "NCCL buffers" in names

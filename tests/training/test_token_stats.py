@@ -14,6 +14,7 @@ import pytest
 from core.spec import JobSpec
 from tests.training.util import qa_rows, write_jsonl
 from training import batches, data, evaluate
+from training.memory import batch_shape
 from training.token_stats import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,6 +42,8 @@ def _expected(tokenizer, dataset: Path, spec: JobSpec) -> dict[str, Any]:
         "examples_per_micro_batch": round(len(train) / len(micro), 2),
         "run_epochs": round(spec.max_steps / len(steps), 2) if spec.max_steps else spec.epochs,
         "train_examples": len(train),
+        # the planner's re-plan input (checked against the collated micro-batches in test_batch_shape.py)
+        **batch_shape(spec, train).token_stats(),  # type: ignore[union-attr]
     }
 
 

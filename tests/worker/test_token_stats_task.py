@@ -10,7 +10,12 @@ from typing import Any
 
 import pytest
 
+from core.arch import load_architecture
 from core.catalog import Catalog
+from core.planner import BatchShape, Plan
+from core.planner.feasibility import plan_on
+from core.planner.gpus import resolve_gpu
+from core.spec import JobSpec
 from core.storage import Storage
 from models import jobs as jobs_db
 from models.db import session_scope
@@ -104,3 +109,38 @@ def test_a_base_model_removed_after_admission_fails_clearly(env) -> None:  # typ
     (settings.models_dir / "tiny").rmdir()
     assert compute_and_store(sessions, compute=Recording(), job_id=job_id, **deps) == "failed"
     assert _stats(sessions, job_id)["error"]["code"] == "model_not_found"
+
+
+def test_ready_statistics_replan_the_job_from_its_data(env) -> None:  # type: ignore[no-untyped-def]
+    """Admission planned every micro-batch max_seq_len tokens; the statistics' largest micro-batch makes
+    a smaller plan, recorded beside the admission plan (admission-plan.json is not touched)."""
+    settings, sessions, job_id, deps = env
+    storage: Storage = deps["storage"]
+    admitted = storage.admission_plan_path(job_id)
+    admitted.parent.mkdir(parents=True, exist_ok=True)
+    admitted.write_text("{}")
+    shape = BatchShape(tokens=24, seq_len=12, targets=10)
+    compute = Recording({**READY, **shape.token_stats()})
+    assert compute_and_store(sessions, compute=compute, job_id=job_id, plan_gpu="T4", **deps) == "replanned"
+
+    plan = Plan.model_validate_json(storage.plan_path(job_id).read_text())
+    assert plan.batch_shape == shape and plan.planned_tokens == 24 and plan.gpu == "T4"
+    with sessions() as s:
+        job = jobs_db.get_job(s, job_id)
+        assert job is not None
+        spec = JobSpec.model_validate(job.spec)
+        (event,) = [e for e in jobs_db.list_events(s, job_id, 0, 100)[0] if e.kind == "replanned"]
+        assert job.predicted_peak_bytes == plan.allocated_bytes
+    worst = plan_on(spec, load_architecture(settings.models_dir / "tiny"), resolve_gpu("T4"))
+    assert worst.planned_tokens == spec.micro_batch_size * 64 > plan.planned_tokens
+    assert plan.allocated_bytes <= worst.allocated_bytes  # (a tiny model: the optimizer step is its peak)
+    assert event.data["predicted_bytes"] == plan.allocated_bytes
+    assert event.data["batch_shape"] == shape.model_dump()
+    assert "re-planned from the data's largest micro-batch: 24 tokens" in event.message
+    assert admitted.read_text() == "{}"
+
+
+def test_statistics_without_a_shape_or_a_device_do_not_replan(env) -> None:  # type: ignore[no-untyped-def]
+    _, sessions, job_id, deps = env
+    assert compute_and_store(sessions, compute=Recording(), job_id=job_id, plan_gpu="T4", **deps) == "ready"
+    assert not deps["storage"].plan_path(job_id).exists()
