@@ -28,6 +28,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy core
 	$(VENV)/bin/mypy training
+	$(VENV)/bin/mypy inference
 	$(VENV)/bin/lint-imports
 
 bench: install

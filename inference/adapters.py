@@ -11,6 +11,7 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from core.catalog import BaseModelInfo, Catalog
 from core.errors import NotFound
@@ -115,7 +116,7 @@ def attach(model, slot: str, adapter: Adapter):
     else:
         model = get_peft_model(model, config, adapter_name=slot)
     weights = load_file(adapter.path / WEIGHTS)
-    result = set_peft_model_state_dict(model, weights, adapter_name=slot)
+    result: Any = set_peft_model_state_dict(model, weights, adapter_name=slot)  # load_state_dict's result
     missing = [k for k in result.missing_keys if ".lora_" in k and f".{slot}." in k]
     if missing or result.unexpected_keys:
         model.delete_adapter(slot)

@@ -92,10 +92,10 @@ class ChatRequest(BaseModel):
             )
 
     def chat_messages(self) -> list[Message]:
-        role = {"developer": "system"}
+        role: dict[str, Any] = {"developer": "system"}
         return [
             Message(role=role.get(m.role, m.role), content=m.text(i)) for i, m in enumerate(self.messages)
-        ]  # type: ignore[arg-type]
+        ]
 
     def sampling(self) -> Sampling:
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])

@@ -116,9 +116,11 @@ def create_app(engine: Engine, *, max_waiting: int = 32, timeout_seconds: float 
             if body.seed is not None:
                 seed_everything(body.seed)
             for i in range(body.n):
-                done = engine.generate(
-                    prepared, lambda text, i=i: ticket.emit(("delta", i, text)), ticket.cancelled
-                )
+
+                def delta(text: str, i: int = i) -> None:
+                    ticket.emit(("delta", i, text))
+
+                done = engine.generate(prepared, delta, ticket.cancelled)
                 ticket.emit(("finish", i, done))
                 if ticket.cancelled.is_set():
                     return

@@ -39,7 +39,7 @@ def test_layer_contracts_hold() -> None:
     assert out.returncode == 0, out.stdout[-3000:]
 
 
-@pytest.mark.parametrize("package", ["core", "training", "models", "api", "worker"])
+@pytest.mark.parametrize("package", ["core", "training", "models", "api", "worker", "inference"])
 def test_no_import_cycles(package: str) -> None:
     """No module imports (directly or not, in-function imports included) a module that imports it back."""
     graph = grimp.build_graph(package)

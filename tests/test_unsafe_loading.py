@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("api", "core", "models", "training", "worker", "cli")
+PACKAGES = ("api", "core", "models", "training", "worker", "cli", "inference")
 FORBIDDEN = {
     r"\btorch\.load\(": "torch.load unpickles; checkpoints and adapters are safetensors",
     r"\bimport pickle\b|\bpickle\.loads?\(|\bdill\b|\bjoblib\.load\(": "pickle",
