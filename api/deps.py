@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -14,6 +14,7 @@ from api.ratelimit import RateLimiter
 from core.catalog import Catalog
 from core.settings import Settings
 from core.storage import Storage
+from models.placement import Placer
 from models.tenants import Principal
 
 
@@ -29,6 +30,11 @@ class Services:
     broker_ping: Callable[[], bool]
     rate_limiter: RateLimiter
     local_principal: Principal | None = None  # set at startup (lifespan) when auth is off
+    # Queued jobs planned on the fleet's devices, cached across requests (queue position, waiting reasons).
+    placer: Placer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.placer = Placer(self.catalog)
 
 
 def get_services(request: Request) -> Services:

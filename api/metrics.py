@@ -31,7 +31,8 @@ JOB_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 
 class ServiceCollector(Collector):
     def __init__(self, sessions: sessionmaker[Session], catalog: Catalog | None = None) -> None:
         self.sessions = sessions
-        self.catalog = catalog  # to place queued jobs on the fleet (queue position, waiting reasons)
+        # to place queued jobs on the fleet (queue position, waiting reasons), cached across scrapes
+        self.placer = Placer(catalog) if catalog is not None else None
 
     def collect(self) -> Iterator[Metric]:
         with self.sessions() as s:
@@ -40,7 +41,7 @@ class ServiceCollector(Collector):
             throughput = stats.running_throughput(s)
             now = utcnow()
             workers = [(w, workers_db.is_alive(w, now)) for w in workers_db.list_workers(s)]
-            queue = queue_view(s, Placer(self.catalog), now) if self.catalog is not None else {}
+            queue = queue_view(s, self.placer, now) if self.placer is not None else {}
 
         jobs = GaugeMetricFamily("ftune_jobs", "Jobs by status", labels=["status"])
         for status, n in counts.items():
@@ -48,7 +49,7 @@ class ServiceCollector(Collector):
         yield jobs
         yield GaugeMetricFamily("ftune_queue_depth", "Jobs waiting for a worker", value=counts["queued"])
         yield _duration_histogram(durations)
-        if self.catalog is not None:
+        if self.placer is not None:
             yield from _queue_gauges(queue, now)
 
         per_job = GaugeMetricFamily(

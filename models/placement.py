@@ -28,6 +28,7 @@ from models.transitions import add_event
 
 GiB = 2**30
 WAITING = "waiting"  # the event kind that records a job's waiting reason when it changes
+MAX_VERDICTS = 10_000  # a long-lived Placer forgets them all past this (they are cheap to make again)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class Placer:
         shape = BatchShape.from_token_stats(job.token_stats)
         key = (job.id, devices_key(devices), shape is not None)
         if key not in self._verdicts:
+            if len(self._verdicts) >= MAX_VERDICTS:
+                self._verdicts.clear()
             self._verdicts[key] = self._judge(JobSpec.model_validate(job.spec), devices, shape)
         return self._verdicts[key]
 

@@ -34,7 +34,6 @@ from core.states import JobStatus
 from models import control
 from models import jobs as jobs_db
 from models.db import session_scope
-from models.placement import Placer
 from models.queue_view import queue_view
 from models.submission import submit_job
 from models.tables import Job
@@ -96,7 +95,7 @@ def list_jobs(
 @router.get("/{job_id}", response_model=JobOut, responses=errors(404))
 def get_job(job_id: str, session: SessionDep, services: ServicesDep, principal: PrincipalDep) -> JobOut:
     job = _get(session, job_id, principal)
-    entry = queue_view(session, Placer(services.catalog)).get(job.id) if job.status == "queued" else None
+    entry = queue_view(session, services.placer).get(job.id) if job.status == "queued" else None
     return job_out(job, QueueInfo(**asdict(entry)) if entry else None)
 
 
