@@ -128,3 +128,13 @@ def test_metrics_need_an_admin_and_label_latency_by_route_template(
     assert 'route="unmatched"' not in text
     admin_client.get("/no/such/path")
     assert 'route="unmatched"' in admin_client.get("/metrics").text
+
+
+def test_the_status_filter_offers_every_status(client: TestClient) -> None:
+    from core.states import JobStatus
+
+    page = TestClient(client.app).get("/dashboard").text
+    select = page[page.index("<option") : page.index("</select>", page.index("<option"))]
+    offered = set(re.findall(r"<option>(\w+)</option>", select))
+    assert offered == {s.value for s in JobStatus}
+    assert all(f".{s.value}" in page for s in JobStatus)  # each status has its badge colour
