@@ -8,17 +8,7 @@ import pytest
 
 from core.arch import from_config
 from core.planner.serving import adapter_bytes, max_resident_adapters, serving_bytes, serving_terms
-
-LLAMA3_8B = {
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "torch_dtype": "bfloat16",
-}
+from tests.core.test_planner import LLAMA3_8B
 
 
 def test_terms_by_hand_for_llama3_8b() -> None:
