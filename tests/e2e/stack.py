@@ -9,6 +9,8 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +123,48 @@ def download_adapter(base: str, job_id: str, dest: Path) -> Path:
     with tarfile.open(archive) as tar:
         tar.extractall(out, filter="data")
     return out
+
+
+class Up:
+    """`ftune up` as `make up` runs it (API, embedded broker, a training worker and a CPU worker, SQLite),
+    on its own data directory and port."""
+
+    def __init__(self, tmp: Path, models_dir: Path, **env: str) -> None:
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        self.tmp = tmp
+        self.env = env_for(tmp, models_dir, FTUNE_API_PORT=str(port), **env)
+        self.proc = Proc(["up"], self.env, tmp / "up.log")
+
+    @property
+    def log(self) -> Path:
+        return self.proc.log
+
+    def tail(self, n: int = 200) -> str:
+        return self.proc.tail(n)
+
+    def stop(self) -> int:
+        """Ctrl-C, as a user stops it; its exit code."""
+        return self.proc.stop(signal.SIGINT, timeout=120)
+
+
+@contextmanager
+def ftune_up(tmp: Path, models_dir: Path, **env: str) -> Iterator[Up]:
+    """A ready `ftune up`; on leaving, Ctrl-C stops it and everything must have stopped cleanly: exit code
+    0, "stopping" logged, the API no longer answering. Its log is printed if anything failed."""
+    up = Up(tmp, models_dir, **env)
+    try:
+        wait_ready(up.base, [up.proc], timeout=180)
+        yield up
+    except BaseException:
+        print(up.tail())
+        raise
+    finally:
+        code = up.stop()
+    assert code == 0, up.tail()
+    assert "stopping" in up.log.read_text()
+    try:
+        httpx.get(f"{up.base}/health", timeout=2)
+    except httpx.ConnectError:
+        return
+    raise AssertionError(f"the API still answers after Ctrl-C\n{up.tail()}")

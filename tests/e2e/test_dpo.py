@@ -6,7 +6,6 @@ reverse, and init_from naming a job that is missing, unfinished or of another ad
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -14,17 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.e2e.stack import (
-    REPO,
-    Proc,
-    api,
-    download_adapter,
-    env_for,
-    free_port,
-    upload,
-    wait_finished,
-    wait_ready,
-)
+from tests.e2e.stack import REPO, Up, api, download_adapter, upload, wait_finished
 
 pytestmark = pytest.mark.slow
 
@@ -47,13 +36,9 @@ def refused(base: str, spec: dict[str, Any], code: str) -> dict[str, Any]:
     return dict(err)
 
 
-def test_sft_then_dpo_from_its_adapter_through_the_api(models_dir: Path, tmp_path: Path) -> None:
-    port = free_port()
-    env = env_for(tmp_path, models_dir, FTUNE_API_PORT=str(port))
-    base = f"http://127.0.0.1:{port}"
-    up = Proc(["up"], env, tmp_path / "up.log")
+def test_sft_then_dpo_from_its_adapter_through_the_api(up: Up, models_dir: Path, tmp_path: Path) -> None:
+    base = up.base
     try:
-        wait_ready(base, [up], timeout=180)
         chat = upload(base, EXAMPLES / "chat_small.jsonl")
         pairs = upload(base, EXAMPLES / "preference_small.jsonl")
         assert (chat["format"], chat["report"]["kind"]) == ("chat", "sft")
@@ -124,11 +109,8 @@ def test_sft_then_dpo_from_its_adapter_through_the_api(models_dir: Path, tmp_pat
         assert not (adapter / "ref").exists()
         check_loads_with_peft(models_dir / "ftune-demo", adapter, download_adapter(base, sft_id, tmp_path))
     except BaseException:
-        print(up.tail(200))
+        print(up.tail())
         raise
-    finally:
-        code = up.stop(signal.SIGINT, timeout=120)
-    assert code == 0, up.tail()
 
 
 def check_loads_with_peft(base_dir: Path, dpo_adapter: Path, sft_adapter: Path) -> None:

@@ -1,5 +1,8 @@
 """Durable jobs on real processes: killed workers, a restarted broker, redelivered messages,
-a job that always crashes, and cancellation. The database is the source of truth throughout."""
+a job that always crashes, and cancellation. The database is the source of truth throughout.
+
+One cluster for the module (started once): the tests run in turn on it, each on its own jobs, and a test
+that kills workers leaves a live one behind (or the next test starts one)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,9 @@ import os
 import random
 import signal
 import time
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import reachable
+from tests.conftest import PG_ADMIN_URL, reachable
 from tests.e2e.stack import Proc, api, download_adapter, env_for, free_port, upload, wait_finished, wait_ready
 
 pytestmark = pytest.mark.slow
@@ -81,6 +86,10 @@ class Cluster:
         self.workers.append(w)
         return w
 
+    def live_worker(self) -> Proc | None:
+        live = [w for w in self.workers if w.p.poll() is None]
+        return live[-1] if live else None
+
     def logs(self) -> str:
         return "\n".join(p.tail(80) for p in [self.api, *self.workers])
 
@@ -121,24 +130,56 @@ class Cluster:
         return int([e for e in started if e["data"]["attempt"] == attempt][-1]["data"]["pid"])
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, models_dir: Path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    db_url = request.getfixturevalue("postgres_url") if reachable("127.0.0.1", 5432) else ""
-    c = Cluster(tmp_path, models_dir, db_url)
+@contextmanager
+def _database() -> Iterator[str]:
+    """A fresh PostgreSQL database for the module when one runs (dropped afterwards), else "" (SQLite)."""
+    if not reachable("127.0.0.1", 5432):
+        yield ""
+        return
+    from sqlalchemy import create_engine, text
+
+    name = f"ftune_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
     try:
-        yield c
-    except BaseException:
-        print(c.logs())
-        raise
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     finally:
-        c.close()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
-@pytest.fixture
-def dataset_id(cluster: Cluster) -> str:
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Iterator[Cluster]:
+    """One cluster (broker, API, database) for the module's tests, started once; each test waits for its
+    own jobs, and starts with a live worker (`dataset_id`)."""
+    with _database() as db_url:
+        c = Cluster(tmp_path_factory.mktemp("durability"), models_dir, db_url)
+        try:
+            yield c
+        finally:
+            c.close()
+
+
+@pytest.fixture(scope="module")
+def _uploaded(cluster: Cluster) -> str:
     cluster.start_worker()
     wait_ready(cluster.base, [cluster.api, *cluster.workers])
     return str(upload(cluster.base, EXAMPLES / "alpaca_small.jsonl")["id"])
+
+
+@pytest.fixture
+def dataset_id(cluster: Cluster, _uploaded: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The module's dataset, with a live worker (an earlier test may have killed its own); the processes'
+    logs are printed if the test failed."""
+    if cluster.live_worker() is None:
+        cluster.start_worker()
+        wait_ready(cluster.base, [cluster.api, cluster.workers[-1]])
+    yield _uploaded
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print(cluster.logs())
 
 
 def _alive(pid: int) -> bool:
@@ -167,7 +208,8 @@ def test_killed_workers_lose_no_work(cluster: Cluster, dataset_id: str) -> None:
     print(f"killing the worker at steps {kills}")
     for attempt, at in enumerate(kills, start=1):
         cluster.wait_step(job_id, at, attempt)
-        worker = cluster.workers[-1]
+        worker = cluster.live_worker()
+        assert worker is not None
         child = cluster.training_pid(job_id, attempt)
         os.kill(worker.p.pid, signal.SIGKILL)
         os.kill(child, signal.SIGKILL)
@@ -200,6 +242,9 @@ def test_redelivered_message_trains_once(cluster: Cluster, dataset_id: str) -> N
     from core.settings import Settings
     from worker.celery_app import RUN_JOB, create_celery
 
+    worker = cluster.live_worker()
+    assert worker is not None
+    logged = len(worker.log.read_text())  # the worker serves the module's earlier tests too
     job_id = cluster.submit(dataset_id, max_steps=4)
     app = create_celery(Settings(redis_url=cluster.env["FTUNE_REDIS_URL"]))
     for _ in range(2):
@@ -210,7 +255,7 @@ def test_redelivered_message_trains_once(cluster: Cluster, dataset_id: str) -> N
     assert job["status"] == "succeeded" and job["attempt"] == 1
     assert [e["kind"] for e in cluster.events(job_id)].count("started") == 1
     # each wake-up claims by the fair policy; the duplicates find nothing queued it can run
-    assert cluster.workers[0].log.read_text().count("no queued job this worker can run") >= 2
+    assert worker.log.read_text()[logged:].count("no queued job this worker can run") >= 2
 
 
 def test_always_crashing_job_fails_after_max_attempts(

@@ -13,17 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.e2e.stack import (
-    REPO,
-    Proc,
-    api,
-    download_adapter,
-    env_for,
-    free_port,
-    upload,
-    wait_finished,
-    wait_ready,
-)
+from tests.e2e.stack import REPO, Up, api, download_adapter, upload, wait_finished
 
 pytestmark = pytest.mark.slow
 SPEC = {
@@ -54,8 +44,8 @@ def _children(pid: int) -> dict[int, str]:
     return out
 
 
-def _training_worker(up: Proc) -> int | None:
-    found = [p for p, cmd in _children(up.p.pid).items() if " worker" in cmd and "--queue" not in cmd]
+def _training_worker(up: Up) -> int | None:
+    found = [p for p, cmd in _children(up.proc.p.pid).items() if " worker" in cmd and "--queue" not in cmd]
     return found[0] if len(found) == 1 else None
 
 
@@ -63,13 +53,10 @@ def _events(base: str, job_id: str) -> list[dict]:  # type: ignore[type-arg]
     return list(api.get(f"{base}/jobs/{job_id}/events?limit=500").json()["data"])
 
 
-def test_kill_9_of_the_worker_under_ftune_up(models_dir: Path, tmp_path: Path) -> None:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    # the lease stays at its default (120 s): the job must come back because the new worker releases it
-    up = Proc(["up"], env_for(tmp_path, models_dir, FTUNE_API_PORT=str(port)), tmp_path / "up.log")
+def test_kill_9_of_the_worker_under_ftune_up(up: Up, tmp_path: Path) -> None:
+    # `up` keeps the default lease (120 s): the job must come back because the new worker releases it
+    base = up.base
     try:
-        wait_ready(base, [up], timeout=180)
         ds = upload(base, REPO / "examples" / "alpaca_small.jsonl")["id"]
         twin = api.post(f"{base}/jobs", json={**SPEC, "dataset_id": ds}).json()["id"]
         wait_finished(base, [twin], timeout=600)
@@ -79,7 +66,7 @@ def test_kill_9_of_the_worker_under_ftune_up(models_dir: Path, tmp_path: Path) -
             assert time.monotonic() < deadline, "no checkpoint"
             time.sleep(0.1)
         worker = _training_worker(up)
-        assert worker is not None, _children(up.p.pid)
+        assert worker is not None, _children(up.proc.p.pid)
         child = next(e for e in _events(base, job_id) if e["kind"] == "process_started")["data"]["pid"]
         os.kill(worker, signal.SIGKILL)
         os.kill(child, signal.SIGKILL)
@@ -95,15 +82,12 @@ def test_kill_9_of_the_worker_under_ftune_up(models_dir: Path, tmp_path: Path) -
         assert job["status"] == "succeeded" and job["attempt"] == 2, job
         started = [e for e in _events(base, job_id) if e["kind"] == "training_started"]
         assert started[-1]["data"]["resumed_from_step"] > 0, started
-        assert up.p.poll() is None and "worker exited with code -9; restarting" in up.log.read_text()
+        assert up.proc.p.poll() is None and "worker exited with code -9; restarting" in up.log.read_text()
         a = load_file(download_adapter(base, twin, tmp_path) / "adapter_model.safetensors")
         b = load_file(download_adapter(base, job_id, tmp_path) / "adapter_model.safetensors")
         assert a.keys() == b.keys()
         for k in a:
             assert torch.allclose(a[k], b[k], atol=1e-5, rtol=0), k
     except BaseException:
-        print(up.tail(200))
+        print(up.tail())
         raise
-    finally:
-        code = up.stop(signal.SIGINT, timeout=120)
-    assert code == 0, up.tail()

