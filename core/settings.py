@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     # Token statistics of a new job's dataset (`python -m training.token_stats`, run by a CPU worker):
     # killed after this long.
     token_stats_timeout_seconds: float = Field(default=600, gt=0)
+    # Admission measures the data's lengths of a job whose worst case does not fit, for at most this long
+    # (the request waits); 0: never, such a job is refused on its worst case.
+    admission_measure_seconds: float = Field(default=60, ge=0)
     # Webhook delivery (worker/webhooks.py): a failed attempt is retried after backoff * 2^(attempt-1)
     # seconds (at most an hour), up to max attempts; each attempt waits at most the timeout.
     webhook_backoff_seconds: float = Field(default=5, gt=0)

@@ -4,6 +4,8 @@ continues from), the method is runnable here, and it fits the fleet."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -11,6 +13,7 @@ from sqlalchemy.orm import Session
 from core.arch import load_architecture
 from core.catalog import Catalog
 from core.data.examples import kind_of
+from core.data.measure import StatsRequest
 from core.errors import InvalidInput, NotFound, Unsupported
 from core.planner import BatchShape, Plan
 from core.planner.feasibility import plan_for_fleet, plan_on, require_fits, tokens_per_epoch
@@ -18,6 +21,7 @@ from core.planner.gpus import resolve_gpu
 from core.planner.sharding import fsdp_problem
 from core.spec import JobSpec
 from core.states import JobStatus
+from core.storage import Storage
 from models import datasets as datasets_db
 from models import jobs as jobs_db
 from models import openai_jobs
@@ -159,10 +163,45 @@ def make_plan(
     return None
 
 
+# A job's token statistics measured now (core.data.measure: {"status": "ready", ...} or failed(...)).
+Measure = Callable[[JobSpec], dict[str, Any]]
+# The smallest micro-batch there is: if even it does not fit, no data's lengths can make the job fit.
+SMALLEST = BatchShape(tokens=1, seq_len=1, targets=1)
+
+
+def stats_request(
+    session: Session, *, catalog: Catalog, storage: Storage, spec: JobSpec, job_id: str
+) -> StatsRequest:
+    """What measuring a job's token statistics needs, resolved from its spec's ids (never a user's paths)."""
+    dataset = datasets_db.get_dataset(session, spec.dataset_id)
+    return StatsRequest(
+        job_id=job_id,
+        model_dir=catalog.get(spec.base_model).path,
+        dataset_path=storage.dataset_path(spec.dataset_id),
+        column_mapping=dataset.report.get("column_mapping") if dataset is not None else None,
+        spec_json=spec.model_dump_json(),
+    )
+
+
+@dataclass(frozen=True)
+class Admitted:
+    plan: Plan | None  # the plan the job was admitted on; None: nothing to plan on (admitted unplanned)
+    token_stats: dict[str, Any] | None = None  # measured at admission, when the data's lengths decided
+
+
 def admit(
-    session: Session, *, catalog: Catalog, spec: JobSpec, tenant_id: str, plan_gpu: str = ""
-) -> Plan | None:
-    """Raise a clear error for a job that cannot run; return the plan it was admitted on."""
+    session: Session,
+    *,
+    catalog: Catalog,
+    spec: JobSpec,
+    tenant_id: str,
+    plan_gpu: str = "",
+    measure: Measure | None = None,
+) -> Admitted:
+    """Raise a clear error for a job that cannot run; return the plan it was admitted on.
+    A job whose worst case (every micro-batch micro_batch_size x max_seq_len tokens) does not fit is
+    planned again from its data's lengths, measured now with `measure`, unless even the smallest
+    micro-batch would not fit: a max_seq_len far above the data's longest example costs nothing."""
     check_dataset(session, dataset_id=spec.dataset_id, tenant_id=tenant_id, objective=spec.objective)
     if spec.validation_dataset_id:
         check_dataset(
@@ -184,5 +223,21 @@ def admit(
         raise Unsupported(problem[1], code="unsupported_with_fsdp", param=problem[0])
     if plan is None:
         log.warning("no worker has registered its devices and FTUNE_PLAN_GPU is unset: admitting unplanned")
-        return None
-    return require_fits(plan)
+        return Admitted(None)
+    if plan.fits or measure is None:
+        return Admitted(require_fits(plan))
+    smallest = make_plan(
+        session, catalog=catalog, spec=spec, gpu=None, tenant_id=tenant_id, plan_gpu=plan_gpu, shape=SMALLEST
+    )
+    if smallest is None or not smallest.fits:
+        require_fits(plan, "; not even one token per sequence would fit")
+    stats = measure(spec)
+    shape = BatchShape.from_token_stats(stats)
+    if shape is None:
+        reason = (stats.get("error") or {}).get("message", "no answer")
+        require_fits(plan, f"; the data's lengths could not be measured: {reason}")
+    on_data = make_plan(
+        session, catalog=catalog, spec=spec, gpu=None, tenant_id=tenant_id, plan_gpu=plan_gpu, shape=shape
+    )
+    assert on_data is not None  # the same devices as the worst case's
+    return Admitted(require_fits(on_data), stats)

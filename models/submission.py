@@ -8,6 +8,7 @@ commit, the job's token statistics are asked for and a worker is woken. Both pub
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,13 +16,15 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.catalog import Catalog
+from core.data.measure import subprocess_compute
+from core.data.token_stats import failed
 from core.errors import RateLimited
 from core.settings import Settings
 from core.spec import JobSpec
 from core.storage import Storage, atomic_write_text, new_id
 from models import jobs as jobs_db
 from models import tenants as tenants_db
-from models.admission import admit
+from models.admission import Measure, admit, stats_request
 from models.db import session_scope
 from models.tables import Job
 
@@ -60,9 +63,15 @@ def submit_job(
                 retry_after=60,
                 code="too_many_jobs",
             )
-        plan = admit(s, catalog=catalog, spec=spec, tenant_id=tenant_id, plan_gpu=settings.plan_gpu)
+        measure = _measure_now(s, catalog=catalog, storage=storage, job_id=job_id, settings=settings)
+        admitted = admit(
+            s, catalog=catalog, spec=spec, tenant_id=tenant_id, plan_gpu=settings.plan_gpu, measure=measure
+        )
+        plan = admitted.plan
         predicted = plan.allocated_bytes if plan else None
         created = jobs_db.create_job(s, tenant_id, job_id, spec, predicted, settings.max_attempts)
+        if admitted.token_stats is not None:  # measured to admit it: nothing left to ask a worker for
+            jobs_db.store_token_stats(s, job_id, admitted.token_stats)
         if openai is not None:
             created.suffix, created.user_metadata = openai.suffix, openai.metadata
             created.openai = openai.request
@@ -75,6 +84,23 @@ def submit_job(
         assert job is not None
     # After the commit, so a worker always finds the row. A lost message is covered: token statistics
     # are filled from training's start record, and the reaper re-sends a queued job's wake-up.
-    request_token_stats(job_id)
+    if admitted.token_stats is None:
+        request_token_stats(job_id)
     enqueue(job_id)
     return job
+
+
+def _measure_now(
+    session: Session, *, catalog: Catalog, storage: Storage, job_id: str, settings: Settings
+) -> Measure | None:
+    """Admission's measurement of a job's token statistics (its worst case did not fit), bounded by
+    settings.admission_measure_seconds (0: never; the worst case decides)."""
+    if settings.admission_measure_seconds <= 0:
+        return None
+    compute = subprocess_compute(settings.admission_measure_seconds)
+
+    def measure(spec: JobSpec) -> dict[str, Any]:
+        request = stats_request(session, catalog=catalog, storage=storage, spec=spec, job_id=job_id)
+        return compute(request, threading.Event()) or failed("stopped", "the measurement was stopped")
+
+    return measure

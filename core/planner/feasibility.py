@@ -101,12 +101,18 @@ def worker_device(devices: list[dict[str, Any]], num_gpus: int) -> Gpu | None:
     return min((device_gpu(d) for d in devices), key=lambda g: g.memory_bytes)
 
 
-def require_fits(plan: Plan) -> Plan:
+def require_fits(plan: Plan, why: str = "") -> Plan:
+    """The plan if it fits, else Infeasible with its breakdown; `why` is added to the message."""
     if plan.fits:
         return plan
+    counted = (
+        f"planned from {plan.batch_shape.describe()}"
+        if plan.batch_shape
+        else "planned for micro-batches of micro_batch_size x max_seq_len tokens"
+    )
     raise Infeasible(
         f"the job needs {plan.total_bytes / 2**30:.2f} GiB per device but the largest device it may run on "
-        f"({plan.gpu}) has {plan.usable_bytes / 2**30:.2f} GiB usable; details has the breakdown and "
-        f"{len(plan.suggestions)} suggested changes that fit",
+        f"({plan.gpu}) has {plan.usable_bytes / 2**30:.2f} GiB usable ({counted}{why}); details has the "
+        f"breakdown and {len(plan.suggestions)} suggested changes that fit",
         details=plan.model_dump(mode="json"),
     )

@@ -52,13 +52,19 @@ def test_error_classes(
     assert e.param == "suffix"
     e = refused(openai.BadRequestError, metadata={f"k{i}": "v" for i in range(17)})
     assert e.param == "metadata"
-    # Infeasible: the planner's breakdown and suggestions ride along in the error body.
-    e = refused(
-        openai.BadRequestError, extra_body={**TINY_RUN, "max_seq_len": 131072, "micro_batch_size": 512}
+    # Infeasible: the planner's breakdown and suggestions ride along in the error body. A max_seq_len far
+    # above the data's lengths costs nothing (admission measures them), so the data is long: 520 examples
+    # of ~700 tokens in padded micro-batches of 512 need far more than the worker's RAM.
+    words = " ".join(f"w{i % 97}" for i in range(600))
+    long = sdk.files.create(
+        file=("long.jsonl", f'{{"text": "{words}"}}\n'.encode() * 520), purpose="fine-tune"
     )
-    assert e.code == "infeasible"
+    heavy = {**TINY_RUN, "max_seq_len": 131072, "micro_batch_size": 512, "packing": False}
+    e = refused(openai.BadRequestError, training_file=long.id, extra_body=heavy)
+    assert e.code == "infeasible" and "planned from the data's largest micro-batch" in e.message
     details = e.body["details"]  # type: ignore[index]
     assert details["fits"] is False and details["breakdown"] and "suggestions" in details
+    assert details["batch_shape"]["tokens"] < 512 * 131072
 
     # Another tenant's file and job are 404, exactly like missing ones.
     other, other_native, _ = stack.tenant()
