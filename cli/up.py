@@ -159,7 +159,7 @@ def up(settings: Settings) -> int:
         bound, worker_env["FTUNE_WORKER_DEVICES"] = engine_plan
         port, root = _free_port(), settings.data_dir / "jobs"
         engine = Child("inference engine", lambda: _spawn_engine(port, bound, root, env))
-        env["FTUNE_INFERENCE_URL"] = f"http://127.0.0.1:{port}"
+        env["FTUNE_INFERENCE_URL"] = worker_env["FTUNE_INFERENCE_URL"] = f"http://127.0.0.1:{port}"
         print(
             f"inference engine: {env['FTUNE_INFERENCE_URL']} (bound {bound / 2**30:.2f} GiB; training worker "
             f"declares {worker_env['FTUNE_WORKER_DEVICES']})",

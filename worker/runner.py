@@ -50,6 +50,7 @@ from models.tables import Job
 from worker.artifacts import build_adapter_archive, build_archive, sha256_dir, sha256_file
 from worker.devices import detect_devices
 from worker.progress import progress_values, samples_document, samples_message, token_stats_from_start
+from worker.serving import announce_adapter
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +284,10 @@ class JobRunner:
                     size, digest = archive.stat().st_size, sha256_file(archive)
                     jobs_db.add_artifact(s, new_id(), job_id, kind, archive.name, size, digest, None)
             self._finish(job_id, attempt, JobStatus.SUCCEEDED, "training finished; adapter ready")
+            with self.sessions() as s:
+                job = jobs_db.get_job(s, job_id)
+            if job is not None and job.status == JobStatus.SUCCEEDED:
+                announce_adapter(self.settings, self.storage, job)
             return "succeeded"
         if rc != 0 and self._cancel_requested(job_id):
             # Also when the stop signal arrived before training installed its handler (it dies of
