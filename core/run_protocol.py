@@ -91,6 +91,9 @@ class StepRecord(_Record):
     elapsed_s: float  # training time so far, summed over resumed attempts
     eta_s: float | None = None
     peak_mem_bytes: int | None = None
+    # sft: share of the step's target tokens whose argmax prediction is the label (all micro-batches and
+    # ranks, so the same for every split of the step)
+    token_accuracy: float | None = None
     # objective dpo (training.dpo), means over the step's pairs: rewards (beta x the log-prob ratio to
     # the reference; simpo: beta x the mean token log-prob), the share of pairs whose chosen reward is
     # higher, and the completions' summed log-probs. Absent for sft.

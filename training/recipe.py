@@ -324,6 +324,7 @@ def record_step(state: State, r: StepResult, seconds: float, steps_in_epoch: int
             elapsed_s=round(pos.elapsed_s, 3),
             eta_s=eta,
             peak_mem_bytes=peak,
+            token_accuracy=r.token_accuracy,
             **cast(dict[str, Any], r.preference or {}),  # dpo: rewards, reward accuracy, log-probs
         )
     )

@@ -67,6 +67,7 @@ class StepResult:
     target_tokens: int  # tokens the loss is taken on
     lr: float
     preference: dict[str, float] | None = None  # objective dpo: rewards, accuracy, log-probs (training.dpo)
+    token_accuracy: float | None = None  # sft: share of the step's target tokens predicted right (argmax)
 
 
 def make_optimizer(spec: JobSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -106,8 +107,9 @@ def count_targets(batch: Batch) -> int:
     return int((batch["labels"][:, 1:] != IGNORE).sum())  # type: ignore[index]
 
 
-def token_loss_sum(parts: Parts, batch: Batch) -> torch.Tensor:
-    """Sum (not mean) of the next-token cross-entropies of a micro-batch's target tokens, in fp32."""
+def token_loss_sum(parts: Parts, batch: Batch, correct: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """Sum (not mean) of the next-token cross-entropies of a micro-batch's target tokens, in fp32.
+    `correct`: gets how many of them the logits' argmax predicts (a device tensor, read once per step)."""
     batch = {k: v.to(parts.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
     labels: torch.Tensor = batch.pop("labels")  # type: ignore[assignment]
     targets = labels[:, 1:] != IGNORE
@@ -118,7 +120,10 @@ def token_loss_sum(parts: Parts, batch: Batch) -> torch.Tensor:
         logits = parts.model(**batch, logits_to_keep=keep).logits
     if logits.dim() == 3:  # a model whose forward ignores a boolean logits_to_keep
         logits = logits[:, :-1][targets]
-    return F.cross_entropy(logits.float(), labels[:, 1:][targets], reduction="sum")
+    wanted = labels[:, 1:][targets]
+    if correct is not None:
+        correct.append((logits.argmax(-1) == wanted).sum().detach())
+    return F.cross_entropy(logits.float(), wanted, reduction="sum")
 
 
 def accumulate_gradients(
@@ -128,6 +133,7 @@ def accumulate_gradients(
     padding: int = 0,
     layouts: list[dropout.Layout] | None = None,
     loss_fn: Callable[[Batch], torch.Tensor] | None = None,
+    correct: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Backward over micro-batches of one optimizer step; gradients end up normalised by the step's
     target tokens, `total_targets` (over all ranks; default: those of `micro_batches`). The last `padding`
@@ -135,7 +141,8 @@ def accumulate_gradients(
     `layouts` place each micro-batch's examples for the dropout masks (training.dropout).
     `loss_fn(batch)`: a micro-batch's share of the step's loss, normalised by the step's totals (over all
     ranks), in place of the token loss over `total_targets` (training.dpo: its pairs' loss over the
-    step's pairs). Returns (this rank's part of the step's loss, detached: read it once per step, as
+    step's pairs). `correct` (token loss only) gets each real micro-batch's count of target tokens the
+    argmax predicts. Returns (this rank's part of the step's loss, detached: read it once per step, as
     reading a device tensor waits for the device; target tokens)."""
     real = micro_batches[: len(micro_batches) - padding]
     tokens = total_targets if total_targets is not None else sum(count_targets(b) for b in real)
@@ -143,7 +150,8 @@ def accumulate_gradients(
     for i, batch in enumerate(micro_batches):
         distributed.gradient_sync(parts.model, i == len(micro_batches) - 1)
         with dropout.placed(parts.model, layouts[i] if layouts else None):
-            loss = loss_fn(batch) if loss_fn else token_loss_sum(parts, batch) / tokens
+            counts = correct if i < len(real) else None  # a padding batch counts nothing
+            loss = loss_fn(batch) if loss_fn else token_loss_sum(parts, batch, counts) / tokens
             if i >= len(real):
                 loss = loss * 0.0
             (parts.scaler.scale(loss) if parts.scaler else loss).backward()
@@ -193,7 +201,11 @@ def train_step(
     chosen = [split[k] for k in mine] + [split[mine[0] if mine else 0]] * padding
     micro_batches = [make_batch(spec, items, idx, pad_id) for idx in chosen]
     layouts = [dropout.layout(spec, items, idx, dropout_key) for idx in chosen] if spec.lora_dropout else None
-    local_loss, _ = accumulate_gradients(parts, micro_batches, targets, padding, layouts)
+    correct: list[torch.Tensor] = []
+    local_loss, _ = accumulate_gradients(parts, micro_batches, targets, padding, layouts, correct=correct)
     loss = distributed.sum_over_ranks(float(local_loss))  # the step's one read of the loss
+    # over all micro-batches and ranks, like the loss: the same whatever the split
+    right = distributed.sum_over_ranks(float(sum(correct)) if correct else 0.0)  # collective: every rank
     grad_norm = optimizer_step(parts, lr)
-    return StepResult(loss, grad_norm, sum(lengths.values()), targets, lr)
+    accuracy = right / targets if targets else None
+    return StepResult(loss, grad_norm, sum(lengths.values()), targets, lr, token_accuracy=accuracy)

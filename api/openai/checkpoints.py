@@ -62,6 +62,7 @@ def checkpoint_objects(job: Job, rows: list[Artifact], storage: Storage) -> list
         metrics = CheckpointMetrics(step=step)
         if (s := steps.get(step)) is not None:
             metrics.train_loss = s.loss
+            metrics.train_mean_token_accuracy = s.token_accuracy
         if (e := evals.get(step)) is not None:
             # ftune evaluates on the whole validation set, so the "full" numbers are the same ones.
             metrics.valid_loss = metrics.full_valid_loss = e.eval_loss
@@ -82,14 +83,14 @@ def checkpoint_objects(job: Job, rows: list[Artifact], storage: Storage) -> list
 
 def result_csv(job: Job, storage: Storage) -> bytes:
     """step,train_loss,train_accuracy,valid_loss,valid_mean_token_accuracy; one row per logged step.
-    train_accuracy is empty: ftune does not measure accuracy on training batches."""
+    train_accuracy: the step's token accuracy (StepRecord.token_accuracy; empty for dpo)."""
     steps, evals = _by_step(job, storage)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(RESULT_COLUMNS)
     for step in sorted(steps):
         ev = evals.get(step)
-        row: list[Any] = [step, steps[step].loss, None]
+        row: list[Any] = [step, steps[step].loss, steps[step].token_accuracy]
         row += [ev.eval_loss, ev.eval_token_accuracy] if ev is not None else [None, None]
         writer.writerow(["" if v is None else v for v in row])
     return buf.getvalue().encode()

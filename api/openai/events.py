@@ -79,9 +79,10 @@ PREFERENCE_METRICS = (
 
 
 def metrics_events(job: Job, storage: Storage) -> list[tuple[float, FineTuningJobEvent]]:
-    """One event per logged step: step, train_loss, train_mean_token_accuracy (ftune does not measure it on
-    training batches: null), and valid_loss / valid_mean_token_accuracy at steps that were evaluated; a dpo
-    job adds train_/valid_ rewards_chosen, rewards_rejected, rewards_margin, rewards_accuracy and logps."""
+    """One event per logged step: step, train_loss, train_mean_token_accuracy (the share of the step's
+    target tokens whose argmax prediction is right; null for dpo), and valid_loss /
+    valid_mean_token_accuracy at steps that were evaluated; a dpo job adds train_/valid_ rewards_chosen,
+    rewards_rejected, rewards_margin, rewards_accuracy and logps."""
     records = read_records(storage.metrics_path(job.id))
     evals = {r.step: r for r in records if isinstance(r, EvalRecord)}
     started = [e.created_at for e in job.events if e.kind == "training_started"]
@@ -95,7 +96,7 @@ def metrics_events(job: Job, storage: Storage) -> list[tuple[float, FineTuningJo
             "step": r.step,
             "total_steps": r.total_steps,
             "train_loss": r.loss,
-            "train_mean_token_accuracy": None,
+            "train_mean_token_accuracy": r.token_accuracy,
         }
         if r.rewards_accuracy is not None:  # a dpo job: its preference metrics, under TRL's names
             data |= {f"train_{k}": getattr(r, k) for k in PREFERENCE_METRICS}

@@ -63,6 +63,8 @@ def test_create_with_suffix_metadata_and_ftune_settings_until_succeeded(
     metrics = [e for e in events if e.type == "metrics"]
     assert [e.data["step"] for e in metrics] == list(range(STEPS, 0, -1))  # type: ignore[index]
     assert [e.data["train_loss"] for e in metrics][::-1] == [s["loss"] for s in steps]  # type: ignore[index]
+    accuracy = [e.data["train_mean_token_accuracy"] for e in metrics][::-1]  # type: ignore[index]
+    assert accuracy == [s["token_accuracy"] for s in steps] and all(0 <= a <= 1 for a in accuracy)
     assert all(e.object == "fine_tuning.job.event" and e.level in ("info", "warn") for e in events)
     assert any(e.type == "message" and "queued" in e.message for e in events)
     assert len(sdk.fine_tuning.jobs.list_events(job.id).data) == 20  # OpenAI's default page
@@ -105,6 +107,7 @@ def test_create_with_suffix_metadata_and_ftune_settings_until_succeeded(
         "valid_mean_token_accuracy",
     ]
     assert [(int(r["step"]), float(r["train_loss"])) for r in rows] == [(s["step"], s["loss"]) for s in steps]
+    assert [float(r["train_accuracy"]) for r in rows] == [s["token_accuracy"] for s in steps]
     assert meta.bytes == len(sdk.files.content(result_id).content)
 
     # The adapter downloads natively and loads with peft.
