@@ -38,11 +38,11 @@ pytestmark = pytest.mark.slow
 
 EXAMPLES = REPO / "examples"
 SPEC = {
-    "max_steps": 24,
+    "max_steps": 12,  # the loss is clearly down by then (8.2 -> ~6.9 on the demo model); a step is its cost
     "micro_batch_size": 4,
     "max_seq_len": 128,
     "learning_rate": 2e-3,
-    "checkpoint_every_steps": 10,
+    "checkpoint_every_steps": 5,
     "lora_dropout": 0.0,
 }
 
@@ -178,12 +178,12 @@ def test_separate_api_and_worker_on_postgres_and_redis(
         wait_ready(base, [server, worker])
         ds = upload(base, EXAMPLES / "alpaca_small.jsonl")
         val = upload(base, EXAMPLES / "chat_small.jsonl")
-        extra = {"validation_dataset_id": val["id"], "eval_every_steps": 12, "export": "merged"}
+        extra = {"validation_dataset_id": val["id"], "eval_every_steps": 6, "export": "merged"}
         job = _submit(base, ds["id"], "lora", **extra)
         seen = wait_finished(base, [job["id"]], timeout=600)
         _check_trained(base, job["id"], seen[job["id"]], models_dir, tmp_path)
         evals = api.get(f"{base}/jobs/{job['id']}/metrics").json()["eval"]
-        assert [e["step"] for e in evals] == [12, 24] and evals[1]["eval_loss"] < evals[0]["eval_loss"]
+        assert [e["step"] for e in evals] == [6, 12] and evals[1]["eval_loss"] < evals[0]["eval_loss"]
         _check_merged(base, job["id"], tmp_path)
     except BaseException:
         print(server.tail(), worker.tail(), sep="\n")
