@@ -26,10 +26,11 @@ import pytest
 
 from core.storage import Storage
 from models.db import make_engine, make_session_factory, session_scope
-from models.tables import Dataset, Job
+from models.tables import Job
 from models.tenants import create_key, get_or_create_tenant
 from tests.e2e.stack import REPO, Proc, env_for, free_port
 from tests.openai.conftest import TINY
+from tests.rows import valid_dataset
 
 
 @dataclass
@@ -141,19 +142,7 @@ class ChatStack:
         engine = make_engine(self.database_url)
         try:
             with session_scope(make_session_factory(engine)) as s:
-                s.add(
-                    Dataset(
-                        id=ds_id,
-                        tenant_id=tenant_id,
-                        filename="x.jsonl",
-                        status="valid",
-                        format="instruction",
-                        num_examples=1,
-                        size_bytes=1,
-                        sha256="0" * 64,
-                        report={},
-                    )
-                )
+                s.add(valid_dataset(tenant_id, ds_id))
                 s.flush()
                 s.add(
                     Job(

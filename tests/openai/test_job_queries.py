@@ -16,9 +16,10 @@ from models import jobs as jobs_db
 from models import openai_jobs
 from models import webhooks as webhooks_db
 from models.db import make_engine, make_session_factory, session_scope
-from models.tables import Artifact, Dataset, Job, WebhookEvent, utcnow
+from models.tables import Artifact, Job, WebhookEvent, utcnow
 from models.tenants import get_or_create_tenant
 from models.transitions import transition
+from tests.rows import valid_dataset
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -37,19 +38,7 @@ def job(
     s: Session, tenant_id: str, n: int, metadata: dict[str, str] | None = None, at: datetime | None = None
 ) -> str:
     ds_id = f"{n:031x}d"
-    s.add(
-        Dataset(
-            id=ds_id,
-            tenant_id=tenant_id,
-            filename="x.jsonl",
-            status="valid",
-            format="instruction",
-            num_examples=1,
-            size_bytes=1,
-            sha256="0" * 64,
-            report={},
-        )
-    )
+    s.add(valid_dataset(tenant_id, ds_id))
     job_id = f"{n:031x}j"
     s.add(
         Job(

@@ -18,9 +18,10 @@ from core.settings import Settings
 from core.states import JobStatus
 from models import webhooks as webhooks_db
 from models.db import make_engine, make_session_factory, session_scope
-from models.tables import Dataset, Job, WebhookEvent, utcnow
+from models.tables import Job, WebhookEvent, utcnow
 from models.tenants import get_or_create_tenant
 from models.transitions import transition
+from tests.rows import valid_dataset
 from worker.webhooks import backoff, deliver_due
 
 
@@ -55,19 +56,7 @@ def finished_job(sessions: sessionmaker[Session], url: str) -> tuple[str, str]:
         secret = webhooks_db.register(s, tenant_id=tenant, url=url).secret
         n = time.time_ns()
         ds_id, job_id = f"{n:031x}d", f"{n:031x}j"
-        s.add(
-            Dataset(
-                id=ds_id,
-                tenant_id=tenant,
-                filename="x",
-                status="valid",
-                format="instruction",
-                num_examples=1,
-                size_bytes=1,
-                sha256="0" * 64,
-                report={},
-            )
-        )
+        s.add(valid_dataset(tenant, ds_id))
         s.add(
             Job(
                 id=job_id,
