@@ -34,6 +34,7 @@ lint: install
 bench: install
 	$(PY) bench/planner_accuracy.py
 	$(PY) bench/planner_self.py
+	$(PY) bench/inference.py
 	$(PY) bench/data_throughput.py
 	$(PY) bench/train_throughput.py
 	$(PY) bench/packing.py
