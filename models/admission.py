@@ -133,6 +133,39 @@ def check_init_from(session: Session, *, spec: JobSpec, tenant_id: str) -> Job |
     return earlier
 
 
+PlanFor = Callable[[BatchShape | None], Plan | None]  # a job's plan for a micro-batch shape (None: worst)
+
+
+def planner(
+    session: Session,
+    *,
+    catalog: Catalog,
+    spec: JobSpec,
+    gpu: str | None,
+    tenant_id: str,
+    plan_gpu: str = "",
+) -> PlanFor:
+    """The job's planning function, its inputs read once (the model's architecture, the data's report,
+    the fleet): on a named GPU, else on the fleet, else on `plan_gpu` (settings.plan_gpu); it answers
+    None when there is nothing to plan on. Its argument is the data's largest micro-batch (token
+    statistics), or None for the worst case."""
+    try:
+        model = catalog.get(spec.base_model)
+    except NotFound as e:
+        raise InvalidInput(e.message, code="model_not_found", param="base_model") from e
+    arch = load_architecture(model.path)
+    ds = datasets_db.get_dataset(session, spec.dataset_id, tenant_id)
+    report: dict[str, Any] = ds.report if ds is not None else {}
+    tokens = tokens_per_epoch(report, spec.max_seq_len)
+    fleet = [] if gpu else [w.devices for w in workers_db.fleet(session)]
+    if fleet:
+        return lambda shape: plan_for_fleet(spec, arch, fleet, tokens, shape=shape)
+    device = gpu or plan_gpu
+    if device:
+        return lambda shape: plan_on(spec, arch, resolve_gpu(device), tokens, shape=shape)
+    return lambda shape: None
+
+
 def make_plan(
     session: Session,
     *,
@@ -143,24 +176,9 @@ def make_plan(
     plan_gpu: str = "",
     shape: BatchShape | None = None,
 ) -> Plan | None:
-    """Plan on a named GPU, else on the fleet, else on `plan_gpu` (settings.plan_gpu); else None.
-    `shape`: the data's largest micro-batch (token statistics), else the worst case."""
-    try:
-        model = catalog.get(spec.base_model)
-    except NotFound as e:
-        raise InvalidInput(e.message, code="model_not_found", param="base_model") from e
-    arch = load_architecture(model.path)
-    ds = datasets_db.get_dataset(session, spec.dataset_id, tenant_id)
-    report: dict[str, Any] = ds.report if ds is not None else {}
-    tokens = tokens_per_epoch(report, spec.max_seq_len)
-    if gpu:
-        return plan_on(spec, arch, resolve_gpu(gpu), tokens, shape=shape)
-    fleet = [w.devices for w in workers_db.fleet(session)]
-    if fleet:
-        return plan_for_fleet(spec, arch, fleet, tokens, shape=shape)
-    if plan_gpu:
-        return plan_on(spec, arch, resolve_gpu(plan_gpu), tokens, shape=shape)
-    return None
+    """One plan (see planner): for `shape`, the data's largest micro-batch, else the worst case."""
+    plan_for = planner(session, catalog=catalog, spec=spec, gpu=gpu, tenant_id=tenant_id, plan_gpu=plan_gpu)
+    return plan_for(shape)
 
 
 # A job's token statistics measured now (core.data.measure: {"status": "ready", ...} or failed(...)).
@@ -212,7 +230,8 @@ def admit(
             objective=spec.objective,
         )
     check_init_from(session, spec=spec, tenant_id=tenant_id)
-    plan = make_plan(session, catalog=catalog, spec=spec, gpu=None, tenant_id=tenant_id, plan_gpu=plan_gpu)
+    plan_for = planner(session, catalog=catalog, spec=spec, gpu=None, tenant_id=tenant_id, plan_gpu=plan_gpu)
+    plan = plan_for(None)
     if spec.method == "full":
         raise Unsupported(
             "method 'full' can be planned (POST /plan) but this service trains LoRA and QLoRA adapters only",
@@ -226,9 +245,7 @@ def admit(
         return Admitted(None)
     if plan.fits or measure is None:
         return Admitted(require_fits(plan))
-    smallest = make_plan(
-        session, catalog=catalog, spec=spec, gpu=None, tenant_id=tenant_id, plan_gpu=plan_gpu, shape=SMALLEST
-    )
+    smallest = plan_for(SMALLEST)
     if smallest is None or not smallest.fits:
         require_fits(plan, "; not even one token per sequence would fit")
     stats = measure(spec)
@@ -236,8 +253,6 @@ def admit(
     if shape is None:
         reason = (stats.get("error") or {}).get("message", "no answer")
         require_fits(plan, f"; the data's lengths could not be measured: {reason}")
-    on_data = make_plan(
-        session, catalog=catalog, spec=spec, gpu=None, tenant_id=tenant_id, plan_gpu=plan_gpu, shape=shape
-    )
+    on_data = plan_for(shape)
     assert on_data is not None  # the same devices as the worst case's
     return Admitted(require_fits(on_data), stats)
