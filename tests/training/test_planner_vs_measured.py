@@ -90,6 +90,30 @@ def long_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_jsonl(tmp_path_factory.mktemp("data") / "long.jsonl", rows)
 
 
+def measured_run(
+    spec_fields: dict[str, Any], model_dir: Path, data: Path, out: Path
+) -> tuple[JobSpec, dict, int]:
+    """Train two optimizer steps of `spec_fields` (micro x accumulation 2, LoRA r 8) through training.run:
+    the spec, the run's start record (the planner's prediction) and the peak its tracker measured."""
+    spec = JobSpec(
+        dataset_id="testdata01",
+        gradient_accumulation_steps=2,
+        lora_r=8,
+        lora_alpha=16,
+        max_seq_len=SEQ,
+        max_steps=2,
+        checkpoint_every_steps=0,
+        **spec_fields,
+    )
+    config = RunConfig(
+        job_id="jobmem", spec=spec, model_dir=str(model_dir), dataset_path=str(data), output_dir=str(out)
+    )
+    assert run(config) == 0
+    records = read_metrics(out / "metrics.jsonl")
+    start = next(r for r in records if r["type"] == "start")
+    return spec, start, [r for r in records if r["type"] == "step"][-1]["peak_mem_bytes"]
+
+
 @pytest.mark.parametrize(("shape", "method", "ckpt", "batch", "dropout", "precision"), CONFIGS)
 def test_prediction_within_15_percent_of_measured_peak(
     shapes: dict[str, Path],
@@ -102,32 +126,15 @@ def test_prediction_within_15_percent_of_measured_peak(
     dropout: float,
     precision: str,
 ) -> None:
-    spec = JobSpec(
-        base_model=shape,
-        dataset_id="testdata01",
-        method=method,
-        gradient_checkpointing=ckpt,
-        micro_batch_size=batch,
-        gradient_accumulation_steps=2,
-        lora_r=8,
-        lora_alpha=16,
-        lora_dropout=dropout,
-        mixed_precision=precision,
-        max_seq_len=SEQ,
-        max_steps=2,
-        checkpoint_every_steps=0,
-    )
-    config = RunConfig(
-        job_id="jobmem",
-        spec=spec,
-        model_dir=str(shapes[shape]),
-        dataset_path=str(long_rows),
-        output_dir=str(tmp_path / "out"),
-    )
-    assert run(config) == 0
-    records = read_metrics(tmp_path / "out" / "metrics.jsonl")
-    start = next(r for r in records if r["type"] == "start")
-    measured = [r for r in records if r["type"] == "step"][-1]["peak_mem_bytes"]
+    fields = {
+        "base_model": shape,
+        "method": method,
+        "gradient_checkpointing": ckpt,
+        "micro_batch_size": batch,
+        "lora_dropout": dropout,
+        "mixed_precision": precision,
+    }
+    spec, start, measured = measured_run(fields, shapes[shape], long_rows, tmp_path / "out")
     predicted = start["predicted_peak_bytes"]
 
     cpu = device_gpu({"kind": "cpu", "name": "cpu", "memory_bytes": 64 * 2**30})
@@ -156,34 +163,17 @@ def test_dpo_prediction_within_15_percent_of_measured_peak(
     dropout: float,
     loss_type: str,
 ) -> None:
-    spec = JobSpec(
-        base_model=shape,
-        dataset_id="testdata01",
-        objective="dpo",
-        loss_type=loss_type,
-        method=method,
-        gradient_checkpointing=ckpt,
-        micro_batch_size=batch,
-        gradient_accumulation_steps=2,
-        lora_r=8,
-        lora_alpha=16,
-        lora_dropout=dropout,
-        mixed_precision="no",
-        max_seq_len=SEQ,
-        max_steps=2,
-        checkpoint_every_steps=0,
-    )
-    config = RunConfig(
-        job_id="jobmem",
-        spec=spec,
-        model_dir=str(shapes[shape]),
-        dataset_path=str(long_pairs),
-        output_dir=str(tmp_path / "out"),
-    )
-    assert run(config) == 0
-    records = read_metrics(tmp_path / "out" / "metrics.jsonl")
-    start = next(r for r in records if r["type"] == "start")
-    measured = [r for r in records if r["type"] == "step"][-1]["peak_mem_bytes"]
+    fields = {
+        "base_model": shape,
+        "objective": "dpo",
+        "loss_type": loss_type,
+        "method": method,
+        "gradient_checkpointing": ckpt,
+        "micro_batch_size": batch,
+        "lora_dropout": dropout,
+        "mixed_precision": "no",
+    }
+    _, start, measured = measured_run(fields, shapes[shape], long_pairs, tmp_path / "out")
     predicted = start["predicted_peak_bytes"]
     error = (predicted - measured) / measured
     print(
