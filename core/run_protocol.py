@@ -77,7 +77,21 @@ class StartRecord(_Record):
     predicted_peak_bytes: int | None = None  # the plan on the device this attempt runs on
 
 
-class StepRecord(_Record):
+class _PreferenceMetrics(_Record):
+    """Objective dpo (training.dpo), means over a step's pairs (an eval record: the validation pairs,
+    its eval_loss their DPO loss): rewards (beta x the log-prob ratio to the reference; simpo: beta x
+    the mean token log-prob), the share of pairs whose chosen reward is higher, and the completions'
+    summed log-probs. Absent for sft."""
+
+    rewards_chosen: float | None = None
+    rewards_rejected: float | None = None
+    rewards_margin: float | None = None
+    rewards_accuracy: float | None = None
+    logps_chosen: float | None = None
+    logps_rejected: float | None = None
+
+
+class StepRecord(_PreferenceMetrics):
     type: Literal["step"] = "step"
     step: int
     total_steps: int
@@ -94,31 +108,15 @@ class StepRecord(_Record):
     # sft: share of the step's target tokens whose argmax prediction is the label (all micro-batches and
     # ranks, so the same for every split of the step)
     token_accuracy: float | None = None
-    # objective dpo (training.dpo), means over the step's pairs: rewards (beta x the log-prob ratio to
-    # the reference; simpo: beta x the mean token log-prob), the share of pairs whose chosen reward is
-    # higher, and the completions' summed log-probs. Absent for sft.
-    rewards_chosen: float | None = None
-    rewards_rejected: float | None = None
-    rewards_margin: float | None = None
-    rewards_accuracy: float | None = None
-    logps_chosen: float | None = None
-    logps_rejected: float | None = None
 
 
-class EvalRecord(_Record):
+class EvalRecord(_PreferenceMetrics):
     type: Literal["eval"] = "eval"
     step: int
     eval_loss: float | None
     eval_token_accuracy: float | None = None
     eval_tokens: int | None = None
     best_eval_loss: float | None = None
-    # objective dpo: as on StepRecord, over the validation pairs (eval_loss is their DPO loss)
-    rewards_chosen: float | None = None
-    rewards_rejected: float | None = None
-    rewards_margin: float | None = None
-    rewards_accuracy: float | None = None
-    logps_chosen: float | None = None
-    logps_rejected: float | None = None
 
 
 class CheckpointRecord(_Record):
