@@ -167,3 +167,13 @@ def logits_bytes_per_token(arch: Architecture, compute_bytes: int, loss_fp32: bo
     """
     per_entry = max(compute_bytes + 8, 12) if loss_fp32 else 3 * compute_bytes
     return arch.vocab_size * per_entry
+
+
+# The engine's loss head (training.loss) runs the lm_head and cross-entropy over chunks of scored tokens
+# whose fp32 logits take at most this much; the planner counts one chunk's vocab-sized buffers.
+LOSS_CHUNK_BYTES = 256 * 2**20
+
+
+def loss_chunk_tokens(vocab_size: int) -> int:
+    """Scored tokens per chunk of the engine's loss head."""
+    return max(1, LOSS_CHUNK_BYTES // (4 * vocab_size))
