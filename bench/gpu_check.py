@@ -109,7 +109,7 @@ def run_config(
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *me]
     code = subprocess.run(cmd, cwd=ROOT).returncode
-    gpu = resolve_gpu(torch.cuda.get_device_name(0)) if _known(torch.cuda.get_device_name(0)) else None
+    gpu = gpu_by_name(torch.cuda.get_device_name(0))
     if gpu is None:
         gpu = resolve_gpu(f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.0f}GB")
     plan = plan_on(spec, load_architecture(model), gpu)
@@ -134,15 +134,19 @@ def _fmt(value: float | None, spec: str) -> str:
     return format(value, spec) if value is not None else "-".rjust(int(spec.split(".")[0]))
 
 
-def _known(name: str) -> bool:
+def gpu_by_name(name: str):  # -> core.planner.gpus.Gpu | None
+    """The planner's GPU of this CUDA name, or None. CUDA's names carry words the planner's do not
+    ("NVIDIA H100 80GB HBM3"): trailing words are dropped until a name resolves ("NVIDIA H100 80GB")."""
     from core.errors import InvalidInput
     from core.planner.gpus import resolve_gpu
 
-    try:
-        resolve_gpu(name)
-    except InvalidInput:
-        return False
-    return True
+    words = name.split()
+    for n in range(len(words), 0, -1):
+        try:
+            return resolve_gpu(" ".join(words[:n]))
+        except InvalidInput:
+            continue
+    return None
 
 
 def main() -> int:

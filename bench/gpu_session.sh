@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# One GPU session in ~9 minutes, run from the repository root on a lent CUDA machine whose python3
+# already has torch, transformers, peft, accelerate, numpy, pandas, pyarrow, tokenizers, safetensors:
+#
+#     bash bench/gpu_session.sh
+#
+# .whl/ is git-ignored (.git/info/exclude): a device call must carry it (carry: [".whl"]).
+# 1. installs the wheels in .whl/ (what that python lacks: pydantic and its parts, pydantic-settings,
+#    trl, datasets, dill, multiprocess, bitsandbytes; downloaded beforehand, nothing is fetched here)
+#    into /tmp/site, ahead of the machine's packages on PYTHONPATH;
+# 2. prints nvidia-smi and the versions of what will run;
+# 3. bench/gpu_check.py --steps 8 (the planner against the engine), under a timeout;
+# 4. bench/gpu_vs_trl.py (ftune against TRL's SFTTrainer), under a timeout, reusing gpu_check's model;
+#    CKPT=1 adds a second pass with gradient checkpointing on, if time is left.
+# Everything goes to $OUT/log.txt; results to $OUT/gpu_check.json, $OUT/gpu_vs_trl.json
+# ($OUT/gpu_vs_trl_ckpt.json), $OUT/run_details.json (each gpu_vs_trl run's step records) and
+# $OUT/runs_tail.txt (the end of each of its training processes' logs).
+set -u
+OUT=${OUT:-$PWD/out}
+WHL=${WHL:-.whl}      # the wheels to install
+SITE=${SITE:-/tmp/site}  # where they go
+TOTAL=${TOTAL:-530}  # seconds for all of it: each part's timeout comes out of what is left
+mkdir -p "$OUT"
+WORK=$(mktemp -d /tmp/ftune-gpu-session-XXXXXX)
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+left() { echo $((TOTAL - SECONDS)); }
+# timeout for a part: its share, but never past the end, and leaving `reserve` seconds for what follows
+part_timeout() {
+  local share=$1 reserve=$2 t
+  t=$(($(left) - reserve))
+  ((t > share)) && t=$share
+  echo $t
+}
+
+session() {
+  echo "== install ($WHL -> $SITE) at ${SECONDS}s"
+  ls -l "$WHL"
+  if ! python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$SITE" "$WHL"/*.whl; then
+    echo "pip install failed; unpacking the wheels instead"
+    python3 -c "import glob, sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[2]) for w in sorted(glob.glob(sys.argv[1] + '/*.whl'))]" "$WHL" "$SITE"
+  fi
+  export PYTHONPATH=$SITE:$PWD
+
+  echo "== versions at ${SECONDS}s"
+  nvidia-smi || echo "nvidia-smi failed"
+  timeout -k 5 90 python3 - <<'EOF'
+import importlib, sys
+print("python", sys.version.split()[0])
+for name in ["torch", "transformers", "peft", "accelerate", "trl", "datasets", "huggingface_hub", "tokenizers",
+             "safetensors", "pydantic", "pydantic_core", "typing_extensions", "numpy", "pandas", "pyarrow",
+             "fsspec", "dill", "multiprocess", "bitsandbytes"]:
+    try:
+        mod = importlib.import_module(name)
+        print(f"{name:18} {getattr(mod, '__version__', '?'):14} {mod.__file__}")
+    except Exception as e:  # noqa: BLE001
+        print(f"{name:18} IMPORT FAILED: {type(e).__name__}: {e}")
+import torch
+print("torch.version.cuda", torch.version.cuda, "| cuda available", torch.cuda.is_available(),
+      "|", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-",
+      "| bf16", torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+from transformers.utils import is_flash_attn_2_available
+print("flash_attn_2 available:", is_flash_attn_2_available())
+import core.run_protocol, training.run  # noqa: F401  the engine's imports resolve
+from trl import SFTConfig, SFTTrainer  # noqa: F401
+print("imports ok: core, training.run, trl.SFTTrainer")
+EOF
+
+  local t
+  t=$(part_timeout 210 240)
+  echo "== bench/gpu_check.py --steps 8 (timeout ${t}s) at ${SECONDS}s"
+  timeout -k 15 "$t" python3 bench/gpu_check.py --steps 8 --keep "$WORK/check" | tee "$WORK/gpu_check.out"
+  echo "gpu_check exit ${PIPESTATUS[0]} at ${SECONDS}s"
+  grep '^\[{"config"' "$WORK/gpu_check.out" | tail -1 > "$OUT/gpu_check.json"
+
+  t=$(part_timeout 330 10)
+  echo "== bench/gpu_vs_trl.py (timeout ${t}s) at ${SECONDS}s"
+  timeout -k 15 "$t" python3 bench/gpu_vs_trl.py --keep "$WORK/vs" --models "$WORK/check/models" \
+    --budget $((t - 25)) --run-timeout 120 --json-out "$OUT/gpu_vs_trl.json"
+  echo "gpu_vs_trl exit $? at ${SECONDS}s"
+
+  if [ "${CKPT:-0}" = 1 ] && (($(left) > 150)); then
+    t=$(part_timeout 330 10)
+    echo "== bench/gpu_vs_trl.py --checkpointing (timeout ${t}s) at ${SECONDS}s"
+    timeout -k 15 "$t" python3 bench/gpu_vs_trl.py --checkpointing --keep "$WORK/vs-ckpt" \
+      --models "$WORK/check/models" --budget $((t - 25)) --run-timeout 120 \
+      --json-out "$OUT/gpu_vs_trl_ckpt.json"
+    echo "gpu_vs_trl --checkpointing exit $? at ${SECONDS}s"
+  fi
+
+  for d in "$WORK"/vs*/*/; do
+    [ -f "$d/log.txt" ] && { echo "===== $d"; tail -n 40 "$d/log.txt"; }
+  done > "$OUT/runs_tail.txt" 2>&1
+  python3 - "$WORK" "$OUT/run_details.json" <<'EOF'
+import json, pathlib, sys
+work, details = pathlib.Path(sys.argv[1]), {}
+for d in sorted(p for p in work.glob("vs*/*") if p.is_dir() and p.name != "models"):
+    entry = {}
+    if (d / "metrics.jsonl").exists():
+        entry["metrics"] = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    for name in ("trl_result.json", "cuda_peaks.json"):
+        if (d / name).exists():
+            entry[name] = json.loads((d / name).read_text())
+    details[f"{d.parent.name}/{d.name}"] = entry
+pathlib.Path(sys.argv[2]).write_text(json.dumps(details))
+EOF
+  echo "== done at ${SECONDS}s"
+}
+
+session 2>&1 | tee "$OUT/log.txt"
