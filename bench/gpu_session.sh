@@ -9,8 +9,9 @@
 #    trl, datasets, dill, multiprocess, bitsandbytes; downloaded beforehand, nothing is fetched here)
 #    into /tmp/site, ahead of the machine's packages on PYTHONPATH;
 # 2. prints nvidia-smi and the versions of what will run;
-# 3. bench/gpu_check.py --steps 8 (the planner against the engine), under a timeout;
-# 4. bench/gpu_vs_trl.py (ftune against TRL's SFTTrainer), under a timeout, reusing gpu_check's model;
+# 3. bench/gpu_kernels.py (packed attention's kernel, the chunked loss head, host syncs), under a timeout;
+# 4. bench/gpu_check.py --steps 8 (the planner against the engine), under a timeout;
+# 5. bench/gpu_vs_trl.py (ftune against TRL's SFTTrainer), under a timeout, reusing gpu_check's model;
 #    CKPT=1 adds a second pass with gradient checkpointing on, if time is left.
 # Everything goes to $OUT/log.txt; results to $OUT/gpu_check.json, $OUT/gpu_vs_trl.json
 # ($OUT/gpu_vs_trl_ckpt.json), $OUT/run_details.json (each gpu_vs_trl run's step records) and
@@ -68,7 +69,12 @@ print("imports ok: core, training.run, trl.SFTTrainer")
 EOF
 
   local t
-  t=$(part_timeout 210 240)
+  t=$(part_timeout 75 420)
+  echo "== bench/gpu_kernels.py (timeout ${t}s) at ${SECONDS}s"
+  timeout -k 10 "$t" python3 bench/gpu_kernels.py
+  echo "gpu_kernels exit $? at ${SECONDS}s"
+
+  t=$(part_timeout 200 240)
   echo "== bench/gpu_check.py --steps 8 (timeout ${t}s) at ${SECONDS}s"
   timeout -k 15 "$t" python3 bench/gpu_check.py --steps 8 --keep "$WORK/check" | tee "$WORK/gpu_check.out"
   echo "gpu_check exit ${PIPESTATUS[0]} at ${SECONDS}s"

@@ -28,6 +28,7 @@ from itertools import islice
 import numpy as np
 
 from core.spec import JobSpec
+from training.data import padded_width
 
 Lengths = Sequence[int] | Mapping[int, int]  # tokens of example i: lengths[i]
 Row = list[int]  # example indices: one (padded) or packed into max_seq_len tokens
@@ -125,9 +126,9 @@ def largest_micro_batch(
     a bound). `lengths`: what batching counts per example (a pair: both sides); `widths`: an example's
     longest sequence (a pair: its longer side); `targets`: its scored tokens, the only positions the
     engine computes logits for (training.step.token_loss_sum).
-    Padded: a micro-batch is its rows padded to their longest (a pair: both sides). Packed: one row of
-    its examples' tokens, in which attention runs per example. The run's steps in order (max_steps may
-    end it early), over its first SHAPE_EPOCHS epochs."""
+    Padded: a micro-batch is its rows padded to their longest, rounded up (a pair: both sides). Packed:
+    one row of its examples' tokens, in which attention runs per example. The run's steps in order
+    (max_steps may end it early), over its first SHAPE_EPOCHS epochs."""
     if not lengths:
         return 0, 0, 0
     epochs = SHAPE_EPOCHS if spec.max_steps is not None else min(spec.epochs, SHAPE_EPOCHS)
@@ -136,7 +137,7 @@ def largest_micro_batch(
     for step in islice(steps, spec.max_steps):
         for micro in split_step(spec, lengths, step):
             rows = len(micro) * spec.sequences_per_example
-            padded = rows * max(widths[i] for i in micro)
+            padded = rows * padded_width(max(widths[i] for i in micro), spec.max_seq_len)
             tokens = max(tokens, sum(lengths[i] for i in micro) if spec.packing else padded)
             scored = max(scored, sum(targets[i] for i in micro))
     return tokens, max(widths), scored

@@ -21,6 +21,7 @@ import torch
 from core.data.examples import Example, Message, read_examples
 
 IGNORE = -100
+PAD_MULTIPLE = 8  # padded widths round up to this: tensor-core shapes, fewer distinct shapes
 # ChatML, for base models whose tokenizer has no chat template. An assistant turn ends with
 # <|im_end|> and the tokenizer's EOS, so the model learns to stop where generation stops.
 DEFAULT_CHAT_TEMPLATE = (
@@ -213,16 +214,34 @@ def token_stats(lengths: Sequence[int], max_seq_len: int, over_length: str) -> d
     }
 
 
-def collate(items: Iterable[Tokenized], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad to the longest item; padding has attention 0 and label -100."""
+def collate(items: Iterable[Tokenized], pad_id: int, limit: int = 0) -> dict[str, torch.Tensor]:
+    """Right-pad to padded_width(longest item, `limit`); padding has label -100. No attention
+    mask: in a causal model no real token attends to a later position, so right padding is never seen
+    (training.packing). With the loss's targets (scored_targets)."""
     items = list(items)
-    width = max(len(t.input_ids) for t in items)
+    width = padded_width(max(len(t.input_ids) for t in items), limit)
     ids = torch.full((len(items), width), pad_id, dtype=torch.long)
     labels = torch.full((len(items), width), IGNORE, dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.long)
     for row, t in enumerate(items):
         n = len(t.input_ids)
         ids[row, :n] = torch.tensor(t.input_ids)
         labels[row, :n] = torch.tensor(t.labels)
-        mask[row, :n] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    rows = torch.arange(len(items)).repeat_interleave(width)
+    return {"input_ids": ids, "labels": labels, **scored_targets(labels, rows)}
+
+
+def padded_width(longest: int, limit: int = 0) -> int:
+    """The width a padded micro-batch is collated to: its longest row rounded up to PAD_MULTIPLE, but not
+    past `limit` (max_seq_len: the planner's worst case stays a bound) unless the row itself is longer."""
+    rounded = -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE
+    return min(rounded, max(longest, limit)) if limit else rounded
+
+
+def scored_targets(labels: torch.Tensor, sequence_of: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What the loss needs, made once per batch on the host (reading them on a device would wait for it):
+    the flat positions (row-major) whose next token is scored, "target_index"; those next tokens,
+    "target_labels"; the sequence each belongs to, "target_sequence". `sequence_of`: the sequence of
+    each flat position."""
+    following = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE).flatten()
+    index = (following != IGNORE).nonzero().squeeze(1)
+    return {"target_index": index, "target_labels": following[index], "target_sequence": sequence_of[index]}

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from core.spec import JobSpec
 from training import distributed, dropout
 from training.batches import Step, rank_share, split_step
-from training.data import IGNORE
+from training.loss import token_losses
 from training.preference import Pair, Sequences, sequence_indices
 from training.step import Batch, Parts, StepResult, accumulate_gradients, make_batch, optimizer_step
 
@@ -87,29 +87,11 @@ def reference_policy(model: torch.nn.Module) -> Iterator[None]:
 def sequence_logps(parts: Parts, batch: Batch, n_seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of the completion tokens' log-probs, number of completion tokens) per sequence of a
     micro-batch collated from `n_seqs` sequences (training.step.make_batch), in fp32."""
-    batch = {k: v.to(parts.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-    labels: torch.Tensor = batch.pop("labels")  # type: ignore[assignment]
-    targets = labels[:, 1:] != IGNORE
-    keep = F.pad(targets, (0, 1), value=False)  # logits only where the next token is scored
-    with parts.autocast():
-        logits = parts.model(**batch, logits_to_keep=keep).logits
-    if logits.dim() == 3:  # a model whose forward ignores a boolean logits_to_keep
-        logits = logits[:, :-1][targets]
-    token_logps = -F.cross_entropy(logits.float(), labels[:, 1:][targets], reduction="none")
-    seq = _sequence_of_targets(batch, targets)
-    sums = torch.zeros(n_seqs, device=token_logps.device).index_add_(0, seq, token_logps)
+    losses, _ = token_losses(parts.model, batch, parts.device, parts.autocast)
+    seq = batch["target_sequence"].to(losses.device, non_blocking=True)  # type: ignore[union-attr]
+    sums = torch.zeros(n_seqs, device=losses.device).index_add_(0, seq, -losses)
     counts = torch.bincount(seq, minlength=n_seqs).to(sums.dtype)
     return sums, counts
-
-
-def _sequence_of_targets(batch: Batch, targets: torch.Tensor) -> torch.Tensor:
-    """For each scored position (row-major, as the boolean mask orders them), its sequence's index."""
-    rows, cols = targets.nonzero(as_tuple=True)
-    cu = batch.get("cu_seq_lens_q")
-    if not isinstance(cu, torch.Tensor):  # padded: a row per sequence
-        return rows
-    # packed: one row; position cols + 1 is scored, and belongs to the sequence whose span holds it
-    return torch.bucketize(cols + 1, cu[1:].to(cols.device), right=True)
 
 
 @dataclass(frozen=True)

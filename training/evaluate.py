@@ -13,10 +13,10 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from core.spec import JobSpec
-from training.data import IGNORE, DatasetError, Tokenized, collate
+from training.data import DatasetError, Tokenized, collate
+from training.loss import token_losses
 from training.step import Position
 
 T = TypeVar("T")  # an example (training.data.Tokenized) or a preference pair (training.preference.Pair)
@@ -54,26 +54,22 @@ def evaluate(
     """Loss and accuracy over every target token of `items` (batched by length: little padding)."""
     was_training = model.training
     model.eval()
-    loss_sum, correct, targets = 0.0, 0, 0
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    targets = 0
     order = sorted(range(len(items)), key=lambda i: len(items[i].input_ids))
     try:
         for start in range(0, len(order), batch_size):
             batch = collate([items[i] for i in order[start : start + batch_size]], pad_id)
-            batch = {k: v.to(device) for k, v in batch.items()}
-            with autocast():
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            shifted = logits[:, :-1].float()
-            labels = batch["labels"][:, 1:]
-            mask = labels != IGNORE
-            flat = shifted.reshape(-1, shifted.size(-1))
-            loss_sum += F.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE, reduction="sum").item()
-            correct += int((shifted.argmax(-1) == labels)[mask].sum())
-            targets += int(mask.sum())
+            losses, hits = token_losses(model, batch, device, autocast)
+            loss_sum += losses.sum()  # on the device: read once, after the last batch
+            correct += hits
+            targets += len(losses)
     finally:
         model.train(was_training)
     if targets == 0:
         raise DatasetError("the validation split has no tokens to evaluate on")
-    return EvalResult(loss_sum / targets, correct / targets, targets)
+    return EvalResult(float(loss_sum) / targets, int(correct) / targets, targets)
 
 
 def is_eval_step(spec: JobSpec, step: int, total_steps: int, epoch_ended: bool) -> bool:

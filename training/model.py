@@ -90,11 +90,21 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, init_adapte
     for p in model.parameters():
         p.requires_grad_(False)
     if spec.gradient_checkpointing:
-        # Non-reentrant checkpointing needs no input grads and works with frozen embeddings.
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     if init_adapter is not None:
         return attach_trained_lora(model, spec, init_adapter)
     return attach_lora(model, spec)
+
+
+def enable_checkpointing(model) -> None:
+    """Recompute each decoder layer in backward. Non-reentrant checkpointing needs no input grads and
+    works with frozen embeddings. transformers renamed the switch after 5.17 (the old name still works,
+    with a deprecation warning, until 6), so the name is detected, not assumed."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def keep_one_4bit_layout(model) -> None:

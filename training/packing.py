@@ -1,4 +1,4 @@
-"""Padding-free packing: many examples in one flat micro-batch, attention that stays inside each example.
+"""Attention for ftune's own batches: packed rows without padding, right-padded rows without a mask.
 
 Which examples share a pack is training.batches' (best-fit decreasing within each step's global batch).
 A packed micro-batch is a single row of concatenated examples (shape [1, T], T <= micro_batch_size *
@@ -6,32 +6,41 @@ max_seq_len: the same token budget, and so the same activation memory, as a padd
 carries no padding at all. Position ids restart at 0 for each example and the first label of every
 example is -100, so the last token of one example never learns to predict the next example's first.
 
-Attention runs per example. A dense block-diagonal mask over the whole row would still compute
-T x T scores per head and layer (on a CPU that can make packing slower than padding); instead:
-- `ftune_packed` (sdpa and eager specs): a function registered with transformers' AttentionInterface
-  that splits q/k/v at the example boundaries and runs causal SDPA on each piece, so the work is
-  sum(n_i^2), never T^2. Its mask function builds no mask for a packed batch (padded ones fall back
-  to SDPA with the usual mask).
-- flash_attention_2: transformers' own varlen path, fed the same cu_seq_lens_q/k + max_length_q/k.
-The boundaries travel as the standard FlashAttentionKwargs, which every model forwards to its attention.
+The row's example boundaries (cu_seq_lens_q/k, int32, and max_length_q/k) are made once per batch at
+collation, on the host, and travel as the standard FlashAttentionKwargs, which every transformers model
+forwards to its attention. `ftune_packed`, registered with transformers' AttentionInterface, reads them:
+- CUDA, half precision: one varlen flash-attention call per layer for the whole row (PyTorch's own
+  torch.nn.attention.varlen), no host sync; the score work is sum(n_i^2), never T^2.
+- otherwise (a CPU): causal SDPA on each example (the bounds are host tensors there, so cutting costs no
+  sync); a dense block mask would compute T x T scores, slower on a CPU than the per-example calls.
+- flash_attention_2 (flash-attn installed): transformers' own varlen path, fed the same kwargs.
+A batch without bounds is one sequence per row, right-padded at most: plain causal SDPA with no mask, as
+no real token attends to a later position, so padding is never seen (its labels are -100). That is why
+no mask function is registered: transformers then builds no mask and makes no host sync for one, and
+SDPA takes its flash kernel on CUDA. (Left padding is never made by ftune's collation.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import inspect
+import logging
+from collections.abc import Callable, Iterable
+from functools import cache
 from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
 
-from training.data import IGNORE, Tokenized
+from training.data import IGNORE, Tokenized, scored_targets
 
 ATTN_NAME = "ftune_packed"
+log = logging.getLogger("ftune.training")
 
 
 def collate_packed(items: Iterable[Tokenized]) -> dict[str, torch.Tensor | int]:
     """Concatenate examples into one row: ids, labels (first of each example ignored), position ids
-    restarting per example, and the boundaries as cu_seq_lens_q/k (int32) + max_length_q/k."""
+    restarting per example, the boundaries as cu_seq_lens_q/k (int32) + max_length_q/k, and the loss's
+    targets (training.data.scored_targets)."""
     ids: list[int] = []
     labels: list[int] = []
     positions: list[int] = []
@@ -44,15 +53,17 @@ def collate_packed(items: Iterable[Tokenized]) -> dict[str, torch.Tensor | int]:
         positions.extend(range(n))
         bounds.append(bounds[-1] + n)
     cu = torch.tensor(bounds, dtype=torch.int32)
-    longest = int(cu.diff().max())
+    lengths = cu.diff()
+    label_row = torch.tensor([labels], dtype=torch.long)
     return {
         "input_ids": torch.tensor([ids], dtype=torch.long),
-        "labels": torch.tensor([labels], dtype=torch.long),
+        "labels": label_row,
         "position_ids": torch.tensor([positions], dtype=torch.long),
         "cu_seq_lens_q": cu,
         "cu_seq_lens_k": cu,
-        "max_length_q": longest,
-        "max_length_k": longest,
+        "max_length_q": int(lengths.max()),
+        "max_length_k": int(lengths.max()),
+        **scored_targets(label_row, torch.arange(len(lengths)).repeat_interleave(lengths)),
     }
 
 
@@ -65,77 +76,141 @@ def packed_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     cu_seq_lens_q: torch.Tensor | None = None,
-    position_ids: torch.Tensor | None = None,
+    max_length_q: int | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """Causal SDPA on each example of each row. q: [B, heads, T, dim]; k, v: [B, kv_heads, T, dim].
-
-    Examples are cut at cu_seq_lens_q (one packed row) or else where position_ids do not step by 1.
-    A padded batch (a mask was made, see `_mask`) or a cached one is plain SDPA, so a model loaded for
-    packing still works for any batch. Returns [B, T, heads, dim] (the AttentionInterface contract).
-    """
+    """Causal attention within each example of a packed row. q: [1, heads, T, dim]; k, v: [1, kv_heads,
+    T, dim]. Without bounds (cu_seq_lens_q), or with a cache or a mask, plain SDPA. Returns [B, T, heads,
+    dim] (the AttentionInterface contract)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if attention_mask is not None or key.shape[2] != query.shape[2]:
+    if cu_seq_lens_q is None or attention_mask is not None or key.shape[2] != query.shape[2]:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    rows = []
-    bounds = _boundaries(query.shape[0], query.shape[2], cu_seq_lens_q, position_ids)
+    if query.shape[0] != 1:
+        raise ValueError(f"cu_seq_lens_q describes one packed row; got a batch of {query.shape[0]}")
+    kernel = varlen_kernel(query) if dropout == 0.0 else None
+    if kernel is not None and max_length_q is not None:
+        return kernel(query, key, value, cu_seq_lens_q, max_length_q, scaling), None
+    return per_example_attention(query, key, value, cu_seq_lens_q, dropout, scaling), None
+
+
+def per_example_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+) -> torch.Tensor:
+    """Causal SDPA on each example of one packed row (the exact path on a CPU). [1, T, heads, dim]."""
+    # One read of the bounds: free for a host tensor (a CPU), one sync on a device.
+    sizes = [e - s for s, e in pairwise(cu_seq_lens.tolist())]
     # split, not slices: autograd joins the pieces' gradients with one cat, where each slice's
     # backward would write a zero tensor the size of the whole batch. Pieces stay 4-D: SDPA's fused
     # CPU kernel takes only [batch, heads, n, dim] (3-D falls back to the math path, n x n scores kept).
-    rows_qkv = zip(query.split(1), key.split(1), value.split(1), bounds, strict=True)
-    for q_row, k_row, v_row, row_bounds in rows_qkv:
-        sizes = [e - s for s, e in pairwise(row_bounds)]
-        pieces = zip(q_row.split(sizes, 2), k_row.split(sizes, 2), v_row.split(sizes, 2), strict=True)
-        outs = [
-            F.scaled_dot_product_attention(
-                q, k, v, dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=True
-            ).transpose(1, 2)  # [1, n, heads, dim]: the pieces join straight into the output layout
-            for q, k, v in pieces
-            if q.shape[2]
-        ]
-        rows.append(outs[0] if len(outs) == 1 else torch.cat(outs, dim=1))
-    return (rows[0] if len(rows) == 1 else torch.cat(rows)), None
+    pieces = zip(query.split(sizes, 2), key.split(sizes, 2), value.split(sizes, 2), strict=True)
+    outs = [
+        F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=True
+        ).transpose(1, 2)  # [1, n, heads, dim]: the pieces join straight into the output layout
+        for q, k, v in pieces
+        if q.shape[2]
+    ]
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
-def _boundaries(
-    batch: int, length: int, cu_seq_lens: torch.Tensor | None, position_ids: torch.Tensor | None
-) -> list[list[int]]:
-    """Per row, the example boundaries [0, ..., length]."""
-    if cu_seq_lens is not None:
-        if batch != 1:
-            raise ValueError(f"cu_seq_lens_q describes one packed row; got a batch of {batch}")
-        return [cu_seq_lens.tolist()]
-    if position_ids is None:
-        return [[0, length]] * batch
-    steps = (position_ids[:, 1:] - position_ids[:, :-1]).expand(batch, -1).cpu()
-    return [[0, *(torch.nonzero(row != 1).flatten() + 1).tolist(), length] for row in steps]
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float | None], torch.Tensor]
 
 
-def _mask(*args, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
-    """The mask function transformers calls for ftune_packed: a padded batch gets SDPA's mask; an
-    unpadded or packed one gets none (a dense block mask is exactly the work packing avoids)."""
-    from transformers.masking_utils import sdpa_mask
-
-    if attention_mask is None or bool(attention_mask.all()):
+def varlen_kernel(query: torch.Tensor) -> Kernel | None:
+    """PyTorch's varlen flash attention for this query, if this torch has one that trains (CUDA, fp16 or
+    bf16); None otherwise (the caller takes the per-example path)."""
+    if not query.is_cuda or query.dtype not in (torch.float16, torch.bfloat16):
         return None
-    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)  # type: ignore[misc]
+    return _checked_varlen(query.device.index or 0, query.dtype)
+
+
+@cache
+def _checked_varlen(device_index: int, dtype: torch.dtype) -> Kernel | None:
+    """The varlen kernel once it has run forward and backward here on a small packed row and matched
+    per-example SDPA: its signature moved between torch releases and its backward is new, so it is
+    proven on this device and dtype once per process instead of assumed."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        log.warning(
+            "packed attention: this torch has no torch.nn.attention.varlen; one SDPA call per example"
+        )
+        return None
+    kernel = _varlen_call(varlen_attn)  # type: ignore[arg-type]  # returns a tuple only when asked
+    try:
+        _check(kernel, torch.device("cuda", device_index), dtype)
+    except Exception as exc:  # any failure: the exact per-example path, said once
+        log.warning(
+            "packed attention: varlen attention failed its check (%s); one SDPA call per example", exc
+        )
+        return None
+    log.info("packed attention: torch varlen flash attention, one call per layer")
+    return kernel
+
+
+def _varlen_call(varlen_attn: Callable[..., torch.Tensor]) -> Kernel:
+    """Adapt transformers' [1, heads, T, dim] layout and this torch's varlen signature (causality was an
+    is_causal flag, later a (-1, 0) window; GQA an enable_gqa flag)."""
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    gqa = "enable_gqa" in params
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, longest: int, scale):
+        q, k, v = (x[0].transpose(0, 1) for x in (q, k, v))  # [T, heads, dim]: the projections' own layout
+        extra: dict[str, object] = dict(causal)
+        if q.shape[1] != k.shape[1]:
+            if gqa:
+                extra["enable_gqa"] = True
+            else:
+                k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
+                v = v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+        if scale is not None and "scale" in params:
+            extra["scale"] = scale
+        elif scale is not None and abs(scale - q.shape[-1] ** -0.5) > 1e-12:
+            raise ValueError("this torch's varlen attention takes no scale")
+        out = varlen_attn(q, k, v, cu, cu, longest, longest, **extra)
+        return out.unsqueeze(0)  # [1, T, heads, dim]
+
+    return call
+
+
+def _check(kernel: Kernel, device: torch.device, dtype: torch.dtype) -> None:
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (
+        torch.randn(1, h, 19, 64, device=device, dtype=dtype, generator=g).requires_grad_() for h in (4, 2, 2)
+    )
+    cu = torch.tensor([0, 7, 8, 19], dtype=torch.int32, device=device)
+    got = kernel(q, k, v, cu, 11, None)
+    got.float().square().sum().backward()
+    grads = [x.grad for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    want = per_example_attention(q, k, v, cu.cpu())
+    want.float().square().sum().backward()
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    for a, b in zip(grads, (q.grad, k.grad, v.grad), strict=True):
+        torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
 
 
 def register() -> None:
-    """Make `ftune_packed` a valid attn_implementation (idempotent)."""
-    from transformers import AttentionInterface, AttentionMaskInterface
+    """Make `ftune_packed` a valid attn_implementation (idempotent). No mask function: see the module doc."""
+    from transformers import AttentionInterface
 
     AttentionInterface.register(ATTN_NAME, packed_attention)
-    AttentionMaskInterface.register(ATTN_NAME, _mask)
 
 
 def attn_implementation(attn: str, packing: bool) -> str:
-    """The attention a model is loaded with: flash keeps its own varlen path; sdpa and eager become
-    per-example SDPA when batches are packed."""
-    if not packing or attn == "flash_attention_2":
+    """The attention a model is loaded with: flash keeps its own varlen path; sdpa becomes ftune's (the
+    same SDPA for unpacked batches, without a mask), and eager too when batches are packed."""
+    if attn == "flash_attention_2" or (attn == "eager" and not packing):
         return attn
     register()
     return ATTN_NAME

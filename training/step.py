@@ -20,12 +20,12 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from core.spec import JobSpec
 from training import distributed, dropout
 from training.batches import Step, rank_share, split_step
-from training.data import IGNORE, Tokenized, collate
+from training.data import Tokenized, collate
+from training.loss import token_losses
 from training.packing import collate_packed
 
 Batch = dict[str, torch.Tensor | int]  # training.data.collate or training.packing.collate_packed
@@ -100,30 +100,21 @@ def lr_at(spec: JobSpec, step: int, total: int) -> float:
 
 def make_batch(spec: JobSpec, items: Sequence[Tokenized], indices: Sequence[int], pad_id: int) -> Batch:
     chosen = [items[i] for i in indices]
-    return collate_packed(chosen) if spec.packing else dict(collate(chosen, pad_id))
+    return collate_packed(chosen) if spec.packing else dict(collate(chosen, pad_id, spec.max_seq_len))
 
 
 def count_targets(batch: Batch) -> int:
-    return int((batch["labels"][:, 1:] != IGNORE).sum())  # type: ignore[index]
+    return len(batch["target_labels"])  # type: ignore[arg-type]
 
 
 def token_loss_sum(parts: Parts, batch: Batch, correct: list[torch.Tensor] | None = None) -> torch.Tensor:
-    """Sum (not mean) of the next-token cross-entropies of a micro-batch's target tokens, in fp32.
-    `correct`: gets how many of them the logits' argmax predicts (a device tensor, read once per step)."""
-    batch = {k: v.to(parts.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-    labels: torch.Tensor = batch.pop("labels")  # type: ignore[assignment]
-    targets = labels[:, 1:] != IGNORE
-    # Only positions whose next token is a target need logits: the lm_head and softmax skip prompt
-    # and padding tokens (transformers' logits_to_keep takes a boolean mask, output [kept, vocab]).
-    keep = F.pad(targets, (0, 1), value=False)
-    with parts.autocast():
-        logits = parts.model(**batch, logits_to_keep=keep).logits
-    if logits.dim() == 3:  # a model whose forward ignores a boolean logits_to_keep
-        logits = logits[:, :-1][targets]
-    wanted = labels[:, 1:][targets]
+    """Sum (not mean) of the next-token cross-entropies of a micro-batch's target tokens, in fp32
+    (training.loss: the chunked head). `correct`: gets how many of them the logits' argmax predicts (a
+    device tensor, read once per step)."""
+    losses, hits = token_losses(parts.model, batch, parts.device, parts.autocast)
     if correct is not None:
-        correct.append((logits.argmax(-1) == wanted).sum().detach())
-    return F.cross_entropy(logits.float(), wanted, reduction="sum")
+        correct.append(hits)
+    return losses.sum()
 
 
 def accumulate_gradients(

@@ -12,6 +12,7 @@ from tests.training.util import qa_rows, write_jsonl
 from training.data import (
     DEFAULT_CHAT_TEMPLATE,
     IGNORE,
+    PAD_MULTIPLE,
     DatasetError,
     collate,
     load_dataset,
@@ -138,9 +139,13 @@ def test_collate_right_pads_with_ignored_labels(tokenizer, tmp_path: Path) -> No
     items, _ = load_dataset(write_jsonl(tmp_path / "c.jsonl", qa_rows(3)), tokenizer, 64)
     batch = collate(items, pad_id=tokenizer.pad_token_id)
     lens = [len(t.input_ids) for t in items]
-    assert batch["input_ids"].shape == (3, max(lens))
-    assert batch["attention_mask"].sum(1).tolist() == lens
-    assert (batch["labels"][batch["attention_mask"] == 0] == IGNORE).all()
+    width = -(-max(lens) // PAD_MULTIPLE) * PAD_MULTIPLE  # the longest, rounded up
+    assert batch["input_ids"].shape == (3, width)
+    for row, (t, n) in enumerate(zip(items, lens, strict=True)):
+        assert batch["input_ids"][row, :n].tolist() == t.input_ids
+        assert (batch["input_ids"][row, n:] == tokenizer.pad_token_id).all()
+        assert (batch["labels"][row, n:] == IGNORE).all()
+    assert collate(items, 0, limit=max(lens))["input_ids"].shape == (3, max(lens))  # never past the limit
 
 
 def test_over_length_truncate_or_drop(tokenizer, tmp_path: Path) -> None:

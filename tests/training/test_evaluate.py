@@ -46,7 +46,7 @@ def test_evaluate_is_the_mean_token_loss_and_accuracy(make_config, tokenizer, tm
     model.eval()
     batch = collate(items, 0)
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+        logits = model(input_ids=batch["input_ids"]).logits[:, :-1]  # right-padded: no mask needed
     labels = batch["labels"][:, 1:]
     mask = labels != -100
     expected_loss = torch.nn.functional.cross_entropy(logits[mask], labels[mask]).item()

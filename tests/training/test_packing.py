@@ -11,10 +11,12 @@ import torch
 
 from core.spec import JobSpec
 from tests.training.util import qa_rows, write_jsonl
+from training import packing
 from training.batches import epoch_steps, split_step, total_steps
-from training.data import IGNORE, Tokenized, collate, load_dataset
+from training.data import IGNORE, PAD_MULTIPLE, Tokenized, collate, load_dataset
+from training.loss import TARGET_KEYS
 from training.model import load_model, trainable_parameters
-from training.packing import ATTN_NAME, collate_packed, packed_attention
+from training.packing import ATTN_NAME, collate_packed, packed_attention, per_example_attention
 from training.step import Parts, accumulate_gradients, make_optimizer
 
 
@@ -38,8 +40,9 @@ def items(tokenizer, tmp_path: Path) -> list[Tokenized]:
 
 @pytest.mark.parametrize("method", ["lora", "qlora"])
 def test_packed_loss_and_gradients_equal_per_example(tiny_model: Path, items, method: str) -> None:
-    per_example = make_trainer(tiny_model, items, method=method, packing=False)
-    assert per_example.model.config._attn_implementation == "sdpa"
+    # transformers' own eager attention with its causal mask: a reference that shares no code with ours
+    per_example = make_trainer(tiny_model, items, method=method, packing=False, attn_implementation="eager")
+    assert per_example.model.config._attn_implementation == "eager"
     loss_a, tok_a = accumulate_gradients(per_example, [collate([t], 0) for t in items])
 
     packed = make_trainer(tiny_model, items, method=method, packing=True)
@@ -100,27 +103,80 @@ def test_packed_attention_does_no_cross_example_work(monkeypatch: pytest.MonkeyP
 
 
 def test_a_model_loaded_for_packing_handles_any_batch(tiny_model: Path, items) -> None:
-    """Padded batches fall back to masked SDPA; a packed row without cu_seq_lens is cut at the
-    position ids; all agree with the plain SDPA model, example by example."""
+    """Right-padded batches (no mask: causal attention never reaches the padding), a packed row and a
+    single sequence all agree with transformers' eager attention under its padding mask, example by
+    example."""
     packed = make_trainer(tiny_model, items, packing=True).model
-    plain = make_trainer(tiny_model, items, packing=False).model
+    plain = make_trainer(tiny_model, items, packing=False, attn_implementation="eager").model
     padded = collate(items, 0)
-    row = collate_packed(items)
-    no_bounds = {k: v for k, v in row.items() if k in ("input_ids", "position_ids")}
+    lengths = torch.tensor([len(t.input_ids) for t in items])
+    mask = (torch.arange(padded["input_ids"].shape[1])[None] < lengths[:, None]).long()
+    assert padded["input_ids"].shape[1] % PAD_MULTIPLE == 0 and "attention_mask" not in padded
     with torch.no_grad():
-        want = plain(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).logits
-        got_padded = packed(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).logits
-        got_row = packed(**_inputs(row)).logits[0]
-        got_no_bounds = packed(**no_bounds).logits[0]
+        want = plain(input_ids=padded["input_ids"], attention_mask=mask).logits
+        got_padded = packed(input_ids=padded["input_ids"]).logits
+        got_row = packed(**_inputs(collate_packed(items))).logits[0]
         got_single = packed(input_ids=padded["input_ids"][:1, : len(items[0].input_ids)]).logits[0]
     start = 0
     for i, t in enumerate(items):
         n = len(t.input_ids)
         torch.testing.assert_close(got_padded[i, :n], want[i, :n], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(got_row[start : start + n], want[i, :n], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(got_no_bounds[start : start + n], want[i, :n], atol=1e-5, rtol=1e-5)
         start += n
     torch.testing.assert_close(got_single, want[0, : len(items[0].input_ids)], atol=1e-5, rtol=1e-5)
+
+
+def _per_example_double(calls: list[dict]):
+    """Stands in for torch's CUDA-only varlen kernel on a CPU: records each call, computes per example."""
+
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
+                    enable_gqa=False):  # fmt: skip
+        calls.append({"tokens": query.shape[0], "window": window_size, "gqa": enable_gqa, "max": max_q})
+        out = per_example_attention(
+            query.transpose(0, 1)[None], key.transpose(0, 1)[None], value.transpose(0, 1)[None], cu_seq_q,
+            scaling=scale,
+        )  # fmt: skip
+        return out[0]
+
+    return varlen_attn
+
+
+def test_packed_rows_make_one_varlen_call_per_layer(tiny_model: Path, items, monkeypatch) -> None:
+    """Where the varlen kernel runs (CUDA, half precision), a packed forward makes one attention call per
+    layer for the whole row, causal, with GQA and the row's longest example from collation; its output is
+    the per-example path's."""
+    calls: list[dict] = []
+    t = make_trainer(tiny_model, items, packing=True)
+    row = collate_packed(items)
+    with torch.no_grad():
+        want = t.model(**_inputs(row)).logits
+        monkeypatch.setattr(
+            packing, "varlen_kernel", lambda q: packing._varlen_call(_per_example_double(calls))
+        )
+        got = t.model(**_inputs(row)).logits
+    layers = t.model.get_base_model().config.num_hidden_layers
+    assert len(calls) == layers
+    longest = max(len(x.input_ids) for x in items)
+    assert calls[0] == {"tokens": row["input_ids"].shape[1], "window": (-1, 0), "gqa": True, "max": longest}
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_varlen_call_adapts_to_the_older_signature() -> None:
+    """torch releases whose varlen_attn takes is_causal and no enable_gqa get causality by flag and the
+    key/value heads repeated."""
+    seen: dict = {}
+
+    def old_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False):
+        seen.update(is_causal=is_causal, kv_heads=key.shape[1])
+        return per_example_attention(
+            query.transpose(0, 1)[None], key.transpose(0, 1)[None], value.transpose(0, 1)[None], cu_seq_q
+        )[0]
+
+    q, k = torch.randn(1, 4, 9, 8), torch.randn(1, 2, 9, 8)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    out = packing._varlen_call(old_varlen_attn)(q, k, k, cu, 5, None)
+    assert seen == {"is_causal": True, "kv_heads": 4}
+    torch.testing.assert_close(out, per_example_attention(q, k, k, cu), atol=1e-6, rtol=1e-6)
 
 
 def test_collate_packed_restarts_positions_and_ignores_first_labels() -> None:
@@ -169,4 +225,4 @@ def test_total_steps_counts_packed_steps_per_epoch() -> None:
 
 
 def _inputs(batch: dict) -> dict:
-    return {k: v for k, v in batch.items() if k != "labels"}
+    return {k: v for k, v in batch.items() if k not in TARGET_KEYS}
