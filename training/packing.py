@@ -164,7 +164,8 @@ def _varlen_call(varlen_attn: Callable[..., torch.Tensor]) -> Kernel:
     gqa = "enable_gqa" in params
 
     def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, longest: int, scale):
-        q, k, v = (x[0].transpose(0, 1) for x in (q, k, v))  # [T, heads, dim]: the projections' own layout
+        # [T, heads, dim]: the projections' own layout, so contiguous() copies nothing there
+        q, k, v = (x[0].transpose(0, 1).contiguous() for x in (q, k, v))
         extra: dict[str, object] = dict(causal)
         if q.shape[1] != k.shape[1]:
             if gqa:
