@@ -111,15 +111,6 @@ def gradient_sync(model: torch.nn.Module, enabled: bool) -> None:
         model.set_requires_gradient_sync(enabled)
 
 
-def sum_over_ranks(value: float) -> float:
-    """Collective."""
-    if not active():
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=_comm_device())
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return float(t.item())
-
-
 def sum_list_over_ranks(values: list[float]) -> list[float]:
     """Collective: elementwise sums over ranks, in one all-reduce."""
     if not active():
@@ -127,6 +118,15 @@ def sum_list_over_ranks(values: list[float]) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
+
+
+def sum_tensor_over_ranks(t: torch.Tensor) -> torch.Tensor:
+    """Collective: the elementwise sum over ranks, left on the device (no host sync)."""
+    if not active():
+        return t
+    t = t.to(_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
 
 
 def any_rank(flag: bool) -> bool:
@@ -142,6 +142,11 @@ def _comm_device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """Collective for a sharded tensor: the whole tensor, where it is (a plain tensor is itself)."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -201,7 +201,7 @@ def train_step(
     local = torch.stack(real).sum(0) if real else torch.zeros(len(STAT_NAMES))
     # the step's one read of the device: loss and metric sums together, summed over ranks
     values = distributed.sum_list_over_ranks([float(local_loss), *local.tolist()])
-    grad_norm = optimizer_step(parts, lr)
+    grad_norm = float(optimizer_step(parts, lr))
     return StepResult(
         values[0],
         grad_norm,

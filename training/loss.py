@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
 
 from core.planner.memory import loss_chunk_tokens
+from training import distributed
 
 # What a collated batch holds for the loss (training.data.scored_targets), not for the model.
 TARGET_KEYS = ("labels", "target_index", "target_labels", "target_sequence")
@@ -93,16 +93,12 @@ def head_losses(
         logits = logits.float()
         hits = (logits.argmax(-1) == wanted).sum()
         return F.cross_entropy(logits, wanted, reduction="none"), hits
-    weight = _whole(head.weight)
-    bias = _whole(head.bias) if head.bias is not None else None
+    # Frozen: under FSDP gathered already once its root has run; a still-sharded one is gathered here (a
+    # collective every rank reaches in step).
+    weight = distributed.whole(head.weight)
+    bias = distributed.whole(head.bias) if head.bias is not None else None
     losses, hits = _LinearCrossEntropy.apply(h, weight, bias, wanted, loss_chunk_tokens(weight.shape[0]))
     return losses, hits
-
-
-def _whole(p: torch.Tensor) -> torch.Tensor:
-    """A frozen head weight as a plain tensor (under FSDP, once its root has run, it is gathered already;
-    a still-sharded one is gathered here, a collective every rank reaches in step)."""
-    return p.full_tensor() if isinstance(p, DTensor) else p
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

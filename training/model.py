@@ -61,7 +61,7 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, init_adapte
         raise ValueError(f"method {spec.method!r} is planned only and cannot be trained")
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from training.packing import attn_implementation
+    from training.packing import ATTN_NAME, attn_implementation, prepare
 
     kwargs: dict = {
         "local_files_only": True,
@@ -87,6 +87,8 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, init_adapte
     else:
         keep_one_4bit_layout(model)
     model.config.use_cache = False
+    if kwargs["attn_implementation"] == ATTN_NAME:
+        prepare(device)
     for p in model.parameters():
         p.requires_grad_(False)
     if spec.gradient_checkpointing:

@@ -126,10 +126,21 @@ Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, 
 
 def varlen_kernel(query: torch.Tensor) -> Kernel | None:
     """PyTorch's varlen flash attention for this query, if this torch has one that trains (CUDA, fp16 or
-    bf16); None otherwise (the caller takes the per-example path)."""
-    if not query.is_cuda or query.dtype not in (torch.float16, torch.bfloat16):
+    bf16, or fp32 under autocast, which SDPA would run in the autocast dtype too); None otherwise (the
+    caller takes the per-example path)."""
+    if not query.is_cuda:
         return None
-    return _checked_varlen(query.device.index or 0, query.dtype)
+    dtype = query.dtype
+    if dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
+        dtype = torch.get_autocast_dtype("cuda")  # fp32 weights: RoPE's fp32 cos/sin made q and k fp32
+    if dtype not in (torch.float16, torch.bfloat16):
+        return None
+    kernel = _checked_varlen(query.device.index or 0, dtype)
+    if kernel is None or dtype == query.dtype:
+        return kernel
+    return lambda q, k, v, cu, longest, scale: kernel(
+        q.to(dtype), k.to(dtype), v.to(dtype), cu, longest, scale
+    )
 
 
 @cache
@@ -146,7 +157,15 @@ def _checked_varlen(device_index: int, dtype: torch.dtype) -> Kernel | None:
         return None
     kernel = _varlen_call(varlen_attn)  # type: ignore[arg-type]  # returns a tuple only when asked
     try:
-        _check(kernel, torch.device("cuda", device_index), dtype)
+        # Its own little graph, even when first asked inside a model's forward: with grad, no autocast, and
+        # none of its saved tensors packed by an enclosing activation checkpoint (which would then count a
+        # different number of saved tensors when it recomputes the layer).
+        with (
+            torch.enable_grad(),
+            torch.autocast("cuda", enabled=False),
+            torch.autograd.graph.saved_tensors_hooks(lambda x: x, lambda x: x),
+        ):
+            _check(kernel, torch.device("cuda", device_index), dtype)
     except Exception as exc:  # any failure: the exact per-example path, said once
         log.warning(
             "packed attention: varlen attention failed its check (%s); one SDPA call per example", exc
@@ -199,6 +218,13 @@ def _check(kernel: Kernel, device: torch.device, dtype: torch.dtype) -> None:
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     for a, b in zip(grads, (q.grad, k.grad, v.grad), strict=True):
         torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
+
+
+def prepare(device: torch.device) -> None:
+    """Run the varlen kernel's one check at load time, not inside the first forward."""
+    if device.type == "cuda":
+        half = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        _checked_varlen(device.index or 0, half)
 
 
 def register() -> None:

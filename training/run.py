@@ -40,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network, even by accident
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # CUDA's caching allocator, before its first allocation: expandable segments grow one mapping instead
+    # of reserving a new segment whenever a size does not fit a cached block, so batches of varying shape
+    # (and QLoRA's per-layer dequantised weights) do not strand reserved memory. The planner's total
+    # assumes it; set PYTORCH_CUDA_ALLOC_CONF to choose otherwise.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     config = RunConfig.model_validate_json(Path(argv[0]).read_text())
     stop = threading.Event()

@@ -150,16 +150,16 @@ def accumulate_gradients(
     return loss_sum, tokens
 
 
-def optimizer_step(parts: Parts, lr: float) -> float:
-    """Clip, step and zero the gradients; returns the gradient norm before clipping."""
+def optimizer_step(parts: Parts, lr: float) -> torch.Tensor:
+    """Clip, step and zero the gradients; returns the gradient norm before clipping, a device tensor (no
+    host sync here: the step reads it with its loss, once)."""
     if parts.scaler:
         parts.scaler.unscale_(parts.optimizer)
     limit = parts.spec.max_grad_norm if parts.spec.max_grad_norm is not None else math.inf
     # clip_grad_norm_ in two parts, so the norm of sharded gradients is made whole (all ranks) first
     norm = torch.nn.utils.get_total_norm([p.grad for p in parts.params if p.grad is not None])
-    norm = distributed.full_tensor(norm).to(norm.device)
+    norm = distributed.whole(norm)
     torch.nn.utils.clip_grads_with_norm_(parts.params, limit, norm)
-    grad_norm = float(norm)
     for group in parts.optimizer.param_groups:
         group["lr"] = lr
     if parts.scaler:
@@ -168,7 +168,7 @@ def optimizer_step(parts: Parts, lr: float) -> float:
     else:
         parts.optimizer.step()
     parts.optimizer.zero_grad(set_to_none=True)
-    return grad_norm
+    return norm.detach()
 
 
 def train_step(
@@ -194,9 +194,11 @@ def train_step(
     layouts = [dropout.layout(spec, items, idx, dropout_key) for idx in chosen] if spec.lora_dropout else None
     correct: list[torch.Tensor] = []
     local_loss, _ = accumulate_gradients(parts, micro_batches, targets, padding, layouts, correct=correct)
-    loss = distributed.sum_over_ranks(float(local_loss))  # the step's one read of the loss
-    # over all micro-batches and ranks, like the loss: the same whatever the split
-    right = distributed.sum_over_ranks(float(sum(correct)) if correct else 0.0)  # collective: every rank
-    grad_norm = optimizer_step(parts, lr)
+    # the loss and the argmax hits over all micro-batches and ranks: the same whatever the split
+    hits = torch.stack(correct).sum() if correct else torch.zeros((), device=local_loss.device)
+    sums = distributed.sum_tensor_over_ranks(torch.stack([local_loss.float(), hits.float()]))
+    norm = optimizer_step(parts, lr)
+    # the step's one host read (each read waits for the device, which then waits for the host)
+    loss, right, grad_norm = torch.cat([sums, norm.float().reshape(1).to(sums.device)]).tolist()
     accuracy = right / targets if targets else None
     return StepResult(loss, grad_norm, sum(lengths.values()), targets, lr, token_accuracy=accuracy)
