@@ -76,7 +76,7 @@ EOF
     echo "gpu_kernels exit $? at ${SECONDS}s"
   fi
 
-  t=$(part_timeout 200 240)
+  t=$(part_timeout 200 "${VS_RESERVE:-240}")
   echo "== bench/gpu_check.py --steps 8 (timeout ${t}s) at ${SECONDS}s"
   timeout -k 15 "$t" python3 bench/gpu_check.py --steps 8 --keep "$WORK/check" | tee "$WORK/gpu_check.out"
   echo "gpu_check exit ${PIPESTATUS[0]} at ${SECONDS}s"
