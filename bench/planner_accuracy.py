@@ -53,9 +53,11 @@ def run(verbose: bool = False) -> float:
             attn_implementation=case["attn"],
             num_gpus=case["num_gpus"],
         )
-        runtime = Runtime(**case.get("runtime", {}))
+        # every micro-batch one shape unless the source's lengths varied (the caching allocator's reuse)
+        fixed = case.get("lengths", "padded") == "padded"
+        runtime = Runtime(**{"fixed_shapes": fixed, **case.get("runtime", {})})
         plan = estimate(spec, archs[case["model"]], resolve_gpu(case["gpu"]), suggest=False, runtime=runtime)
-        pred = predicted_bytes(plan, case.get("measures", "device"), case.get("lengths", "padded")) / GiB
+        pred = predicted_bytes(plan, case.get("measures", "device")) / GiB
         err = 100 * (pred - case["measured_gib"]) / case["measured_gib"]
         errors.append(err)
         by_source.setdefault(case["id"].split("/")[0], []).append(abs(err))
@@ -76,21 +78,22 @@ def run(verbose: bool = False) -> float:
     return med
 
 
-def predicted_bytes(plan, measures: str, lengths: str = "padded") -> int:
+def predicted_bytes(plan, measures: str) -> int:
     """The part of the plan a source's number measures. "capacity" (the GPU size a run just fit in) is the
-    whole plan: cached free blocks are released and the allocation retried before an OOM, so they do not
-    count. "device" (nvidia-smi) adds the cached blocks a run keeps reserved: the loss buffers' segments
-    (Plan.loss_segments_bytes) and, over batches of varying length ("lengths": "variable"), the blocks left
-    by earlier, shorter batches (Plan.varlen_cache_bytes). "reserved" (torch.cuda.max_memory_reserved) is
-    that without the CUDA context, which lives outside torch's allocator. "allocated"
-    (max_memory_allocated) is the plan without context and allocator margin."""
+    whole plan (its total: reserved + the CUDA context; the plain loss head's logits segments are released
+    and the allocation retried before an OOM, so they do not count). "device" (nvidia-smi) adds those
+    segments (Plan.loss_segments_bytes). "reserved" (torch.cuda.max_memory_reserved) is the plan's
+    reserved_bytes and those segments: no CUDA context, which lives outside torch's allocator. "allocated"
+    (max_memory_allocated) is allocated_bytes. Over batches of varying length ("lengths": "variable") the
+    plan's reserved counts the segments earlier, shorter batches leave cached (core.planner.allocator);
+    "padded" runs are planned with every micro-batch one shape (Runtime.fixed_shapes)."""
     if measures == "allocated":
         return plan.allocated_bytes
     if measures == "capacity":
         return plan.total_bytes
-    cached = plan.loss_segments_bytes + (plan.varlen_cache_bytes if lengths == "variable" else 0)
-    context = sum(t.bytes for t in plan.breakdown if t.name == "CUDA context")
-    return plan.total_bytes + cached - (context if measures == "reserved" else 0)
+    if measures == "reserved":
+        return plan.reserved_bytes + plan.loss_segments_bytes
+    return plan.total_bytes + plan.loss_segments_bytes
 
 
 # Where published DPO memory figures were looked for (November 2026), and why none became a case: each

@@ -74,7 +74,9 @@ class StartRecord(_Record):
     token_stats: dict[str, Any] | None = None  # count, p50, p95, max, ... of the training file
     trainable_params: int | None = None
     resumed_from_step: int = 0
-    predicted_peak_bytes: int | None = None  # the plan on the device this attempt runs on
+    predicted_peak_bytes: int | None = None  # the plan on the device this attempt runs on: allocated bytes
+    # and, on CUDA, what max_memory_reserved should reach (the plan's total less the CUDA context)
+    predicted_reserved_bytes: int | None = None
 
 
 class _PreferenceMetrics(_Record):
@@ -104,7 +106,8 @@ class StepRecord(_PreferenceMetrics):
     tokens_per_s: float | None = None
     elapsed_s: float  # training time so far, summed over resumed attempts
     eta_s: float | None = None
-    peak_mem_bytes: int | None = None
+    peak_mem_bytes: int | None = None  # CUDA: max_memory_allocated; a CPU: live tensor bytes
+    peak_reserved_bytes: int | None = None  # CUDA: max_memory_reserved (the allocator's segments)
     # sft: share of the step's target tokens whose argmax prediction is the label (all micro-batches and
     # ranks, so the same for every split of the step)
     token_accuracy: float | None = None

@@ -1,6 +1,8 @@
 """Peak memory of the training steps, comparable with the planner's estimate.
 
-CUDA: `torch.cuda.max_memory_allocated()` (bytes held by tensors through the caching allocator).
+CUDA: `torch.cuda.max_memory_allocated()` (bytes held by tensors through the caching allocator; the
+plan's allocated_bytes) and `torch.cuda.max_memory_reserved()` (the allocator's segments: those bytes plus
+its cached free blocks, what the device must have; the plan's reserved_bytes).
 
 CPU: there is no allocator statistic, so a step is measured with torch's profiler in memory mode,
 which reports every allocation and free made through the c10 CPU allocator, i.e. every tensor
@@ -12,7 +14,8 @@ storage, including temporaries inside kernels and autograd's buffers. The peak o
     gradients, optimizer states created on the first step, logits and loss.
 
 Not counted: memory outside torch's allocator (Python objects, numpy, the CUDA/MKL runtimes, the
-file cache) and allocator fragmentation, which a process's RSS would include. Profiling costs a
+file cache) and allocator fragmentation, which a process's RSS would include. A CPU has no reserved
+peak (None): its allocator caches nothing the planner counts. Profiling costs a
 little per op, so only the first MEASURED_STEPS steps of a process are measured; later steps report
 the highest value seen (the peak is reached by step 2, once the optimizer states exist).
 """
@@ -24,12 +27,13 @@ import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from core.planner import BatchShape
+from core.planner import FTUNE, BatchShape, Runtime
 from core.spec import JobSpec
 from training import batches
 
@@ -43,6 +47,7 @@ class PeakMemory:
         self.measured_steps = measured_steps
         self.steps_measured = 0
         self.peak_bytes = 0
+        self.reserved_bytes: int | None = None  # CUDA only: max_memory_reserved
 
     @contextmanager
     def step(self, live_tensors: Iterable[torch.Tensor]) -> Iterator[None]:
@@ -51,6 +56,8 @@ class PeakMemory:
         if self.device.type == "cuda":
             yield
             self.peak_bytes = max(self.peak_bytes, torch.cuda.max_memory_allocated(self.device))
+            reserved = torch.cuda.max_memory_reserved(self.device)
+            self.reserved_bytes = max(self.reserved_bytes or 0, reserved)
             return
         if self.steps_measured >= self.measured_steps:
             yield
@@ -172,12 +179,33 @@ def batch_shape(spec: JobSpec, items: Sequence[Any]) -> BatchShape | None:
     return BatchShape(tokens=tokens, seq_len=widest, targets=scored)
 
 
-def predicted_peak_bytes(
+def engine_runtime() -> Runtime:
+    """The planner's Runtime for this engine on the torch it runs on: FTUNE, with whether torch's varlen
+    attention takes grouped k and v (training.packing repeats them for one that does not)."""
+    try:
+        import inspect
+
+        from torch.nn.attention.varlen import varlen_attn
+
+        gqa = "enable_gqa" in inspect.signature(varlen_attn).parameters
+    except ImportError:  # no varlen: packed rows take one SDPA call per example, grouped k and v as they are
+        gqa = True
+    return replace(FTUNE, varlen_gqa=gqa)
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """The plan's prediction for this run, stored next to what the tracker measures."""
+
+    allocated: int | None = None  # max_memory_allocated on CUDA, live tensor bytes on a CPU
+    reserved: int | None = None  # max_memory_reserved on CUDA (the plan's total less its context)
+
+
+def predicted_peaks(
     spec: JobSpec, model_dir: Path, device: torch.device, shape: BatchShape | None = None
-) -> int | None:
-    """The planner's allocated bytes for this spec on the device this run uses, for the run's largest
-    micro-batch: what the tracker measures (max_memory_allocated on CUDA, live tensor bytes on a
-    CPU), stored next to it."""
+) -> Predicted:
+    """The planner's allocated and reserved bytes for this spec on the device this run uses, for the run's
+    largest micro-batch: what the tracker measures, stored next to it."""
     from core.arch import load_architecture
     from core.planner.feasibility import device_gpu, plan_on
 
@@ -188,7 +216,10 @@ def predicted_peak_bytes(
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         dev = {"kind": "cpu", "name": "cpu", "memory_bytes": ram}
     try:
-        return plan_on(spec, load_architecture(model_dir), device_gpu(dev), shape=shape).allocated_bytes
+        plan = plan_on(
+            spec, load_architecture(model_dir), device_gpu(dev), shape=shape, runtime=engine_runtime()
+        )
     except Exception:  # a model the planner does not know must not stop training
         log.warning("no memory prediction for this run", exc_info=True)
-        return None
+        return Predicted()
+    return Predicted(plan.allocated_bytes, plan.reserved_bytes if device.type == "cuda" else None)

@@ -145,6 +145,7 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
         log.info("resumed from %s", latest)
     path = Path(config.output_dir) / METRICS_FILE
     writer = metrics.MetricsWriter(path) if distributed.is_main() else metrics.NullWriter()
+    predicted = memory.predicted_peaks(spec, Path(config.model_dir), device, shape)
     writer.write(
         StartRecord(
             total_steps=total,
@@ -154,7 +155,8 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
             token_stats=token_stats,
             trainable_params=sum(p.numel() for p in params),
             resumed_from_step=pos.step,
-            predicted_peak_bytes=memory.predicted_peak_bytes(spec, Path(config.model_dir), device, shape),
+            predicted_peak_bytes=predicted.allocated,
+            predicted_reserved_bytes=predicted.reserved,
         )
     )
     state = State(
@@ -325,13 +327,16 @@ def record_step(state: State, r: StepResult, seconds: float, steps_in_epoch: int
             elapsed_s=round(pos.elapsed_s, 3),
             eta_s=eta,
             peak_mem_bytes=peak,
+            peak_reserved_bytes=state.tracker.reserved_bytes,
             token_accuracy=r.token_accuracy,
             **cast(dict[str, Any], r.preference or {}),  # dpo: rewards, reward accuracy, log-probs
         )
     )
+    reserved = state.tracker.reserved_bytes
     log.info(
-        "step %d/%d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s peak %.1f MiB eta %ss%s",
-        pos.step, state.total_steps, r.loss, r.lr, r.grad_norm, speed or 0, peak / 2**20, eta,
+        "step %d/%d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s peak %.1f MiB%s eta %ss%s",
+        pos.step, state.total_steps, r.loss, r.lr, r.grad_norm, speed or 0, peak / 2**20,
+        f" (reserved {reserved / 2**20:.1f} MiB)" if reserved is not None else "", eta,
         f" reward accuracy {r.preference['rewards_accuracy']:.3f}" if r.preference else "",
     )  # fmt: skip
 

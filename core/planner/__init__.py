@@ -1,40 +1,47 @@
 """Memory-feasibility planner: estimate(spec, arch, gpu) -> Plan (per-GPU breakdown, verdict, suggestions).
 
 Model of the peak (per GPU), each piece a named Term with its assumption in `note`:
-  persistent   base weights (+ NF4 constants), LoRA adapters, gradients, optimizer states, master weights
+  persistent   base weights (+ NF4 constants), LoRA adapters, gradients, optimizer states, master weights,
+               cuBLAS workspaces
   fwd/bwd      activations saved for backward, autocast copies, FSDP all-gathered units, and the larger of
-                 loss      logits + loss buffers at backward start (+ a cast lm_head copy)
-                 layer     one block's backward: recomputed layer (checkpointing), gradients in flight,
+                 loss      the loss head's largest moment: ftune's chunked head (training.loss: one chunk of
+                           scored tokens' vocab-sized buffers, the scored hidden states and their gradients),
+                           or a plain head's logits + loss buffers at backward start (+ a cast lm_head copy)
+                 layer     one block's worst moment: the recomputed layer (checkpointing) with its LoRA
+                           branch's input copies, gradients in flight or flash attention's backward buffers,
                            QLoRA's dequantized weight
   step         paged optimizer states (paged in), AdamW temporaries, grad-norm buffers
   reference    objective dpo (sigmoid, ipo): the reference policy's no-grad forward, which runs before the
                policy's and keeps no activation (its largest moment: the log-probs of both sides)
-  peak = persistent + max(fwd/bwd, step, reference) + CUDA context + fragmentation margin
+  allocated = persistent + max(fwd/bwd, step, reference)            -> max_memory_allocated
+  reserved  = allocated + the caching allocator's cached free blocks  -> max_memory_reserved
+              (fragmentation, and the segments batches of varying lengths leave: core.planner.allocator)
+  total     = reserved + the CUDA context                           -> what the device must have (the verdict)
 With objective dpo a micro-batch of n pairs is 2n sequences (chosen and rejected) in every term, and the
 reference's two log-probs per pair are kept through forward and backward.
-allocated_bytes (the peak without the last two) is what a run measures: max_memory_allocated on CUDA,
-live tensor bytes on a CPU (tests/training/test_planner_vs_measured.py holds it within 15% there).
-A phase that is not the peak is listed with 0 bytes and its size in the note, so terms sum to total.
+allocated_bytes is what a run measures: max_memory_allocated on CUDA, live tensor bytes on a CPU
+(tests/training/test_planner_vs_measured.py holds it within 15% there), where reserved = allocated and
+there is no context. A phase that is not the peak is listed with 0 bytes and its size in the note, so
+terms sum to total.
 Tokens: a micro-batch is planned at micro_batch_size x max_seq_len tokens, every position scored (the
 worst case), until the job's token statistics give the data's largest micro-batch (BatchShape: its tokens,
 widest sequence and scored tokens; the engine computes logits for scored positions only). The job is then
 re-planned from it (models.replan), and placement and training's own prediction use it too.
-What a training framework keeps beyond the JobSpec (ftune's engine by default) is a Runtime.
-Cached blocks the allocator keeps reserved but would free (and retry) before an OOM are reported beside
-the total, not in it, for comparing with nvidia-smi or max_memory_reserved: loss_segments_bytes (the
-half-precision logits' segments an fp32 loss's gradients cannot reuse) and varlen_cache_bytes (an earlier,
-shorter batch's loss buffers on data of varying lengths).
+What a training framework keeps beyond the JobSpec is a Runtime; FTUNE is ftune's engine (its chunked
+loss head), the defaults a transformers/peft loop.
+A plain loss head's half-precision logits segments, which its fp32 buffers cannot reuse, are reported
+beside the total (loss_segments_bytes): cached blocks the allocator frees before an OOM.
 
 Modules, in reading order:
   types             Term, Plan, Suggestion, Runtime: what goes in and comes out
   estimate          estimate(): the plan, with suggestions when it does not fit
   peak              adds the phases up into one Plan
   context           the dtypes, trainable parameters and tokens every section counts with
-  memory            byte formulas: weight formats, what a block saves for backward
+  memory            byte formulas: weight formats, what a block saves for backward, the loss heads
   state             persistent: base weights and trainable state
   forward_backward  fwd/bwd transients
   step              optimizer-step transients
-  allocator         CUDA context, fragmentation margin, cached blocks beside the total
+  allocator         the caching allocator (reserved beyond allocated), cuBLAS workspaces, CUDA context
   speed             time per epoch
   suggest           changes that fit, for a job that does not
   gpus              the GPUs the planner knows

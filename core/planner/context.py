@@ -64,10 +64,28 @@ class Context:
     fp32_upcast: bool  # QLoRA's unquantized layers cast to fp32 (Runtime.kbit_fp32_upcast)
     autocast: bool
     act_b: int  # bytes per activation value
+    res_b: int  # bytes per value of the residual stream between blocks: the embeddings' dtype, which adding a
+    #            block's (autocast) output keeps; fp32 under kbit_fp32_upcast
+    fused_loss: bool  # the chunked loss head (training.loss) serves this model; False: the plain one
     lora_act_b: int  # bytes per value the LoRA branch saves when it differs from act_b, else 0
     trainable_b: int  # bytes per trainable parameter, and per gradient (it has its parameter's dtype)
     master_b: int  # bytes per fp32 master copy of a trainable parameter, 0: none
     state_b: int  # bytes per AdamW state value
+
+
+# Families whose config applies logit soft-capping by default (gemma2: final_logit_softcapping 30.0); the
+# engine's chunked head does not serve those (training.loss takes the plain path).
+SOFTCAPPED = ("gemma2",)
+
+
+def fused_loss(
+    spec: JobSpec, arch: Architecture, runtime: Runtime, lora: tuple[tuple[LinearModule, int], ...]
+) -> bool:
+    """Whether the loss head is the chunked one: the framework has it (Runtime.fused_loss) and the model
+    allows it (training.loss.head_losses): a frozen lm_head (not full fine-tuning, not a LoRA target) and
+    no logit soft-capping."""
+    head_trained = spec.method == "full" or any(m.name == "lm_head" for m, _ in lora)
+    return runtime.fused_loss and not head_trained and arch.model_type not in SOFTCAPPED
 
 
 def worst_case_tokens(spec: JobSpec) -> int:
@@ -133,6 +151,8 @@ def plan_context(
         fp32_upcast=method == "qlora" and runtime.kbit_fp32_upcast,
         autocast=autocast,
         act_b=e,
+        res_b=4 if (method == "qlora" and runtime.kbit_fp32_upcast) else sb,
+        fused_loss=fused_loss(spec, arch, runtime, lora),
         lora_act_b=lora_b,
         trainable_b=trainable_b,
         master_b=master,

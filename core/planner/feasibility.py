@@ -15,7 +15,7 @@ from core.arch import Architecture
 from core.errors import Infeasible, InvalidInput
 from core.planner.estimate import estimate
 from core.planner.gpus import Gpu, resolve_gpu
-from core.planner.types import BatchShape, Plan
+from core.planner.types import FTUNE, BatchShape, Plan, Runtime
 from core.spec import JobSpec
 
 # Rough characters per token of English BPE text, for an epoch-time estimate before tokenizing.
@@ -62,8 +62,9 @@ def plan_on(
     tokens: int | None = None,
     *,
     shape: BatchShape | None = None,
+    runtime: Runtime = FTUNE,
 ) -> Plan:
-    return estimate(for_device(spec, gpu), arch, gpu, tokens, shape=shape)
+    return estimate(for_device(spec, gpu), arch, gpu, tokens, shape=shape, runtime=runtime)
 
 
 def plan_for_fleet(

@@ -1,22 +1,34 @@
 """Forward/backward transients: activations saved for backward, autocast and dequantized weight copies,
-framework gradient buckets, the larger of the loss and a layer's backward, and FSDP's unsharded units."""
+framework gradient buckets, the larger of the loss head and a layer's worst moment, and FSDP's unsharded
+units; and what the caching allocator's reuse depends on (Churn, for core.planner.allocator)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from core.planner.context import Context
 from core.planner.gpus import MiB
 from core.planner.memory import (
     ActivationSetup,
     backward_working_bytes_per_token,
+    chunked_loss_bytes,
     dequant_excess_bytes,
+    flash_backward_bytes,
+    largest_saved_tensor_per_token,
     layer_saved_bytes_per_token,
     logits_bytes_per_token,
+    lora_forward_transient_per_token,
+    mlp_saved_bytes_per_token,
     nf4_bytes,
     unpack_excess_bytes,
 )
 from core.planner.types import Term, idle
 
 NCCL_BYTES = 300 * MiB  # NCCL communicator buffers when num_gpus > 1
+# Packed rows: how many examples a micro-batch of T tokens is assumed to hold, T / this (the token
+# statistics give its widest example, not its count). Short instruction data packs ~30-token examples
+# (examples/alpaca_small.jsonl: 91-126 per 4 x 1024 tokens); flash attention's backward grows with it.
+PACKED_EXAMPLE_TOKENS = 32
 
 
 def forward_backward_terms(c: Context) -> list[Term]:
@@ -67,21 +79,33 @@ def reference_terms(c: Context) -> list[Term]:
     """Objective dpo with a reference (sigmoid, ipo): each micro-batch first runs the reference policy
     (the adapter disabled, or the frozen starting adapter) without grad, then the policy. The no-grad
     forward keeps no activation: a layer's tensors are freed as the next one runs; its largest moment is
-    the log-probs of both sides' completions: the logits (e B per vocab entry), an fp32 copy when they are
-    half precision, and log_softmax's fp32 output. Its result, two log-probs per pair, is kept through
-    the policy's forward and backward. The phase is compared with forward/backward and the step."""
+    the log-probs of both sides' completions: with the chunked head one chunk's vocab-sized buffers and
+    the scored positions' hidden states (no gradient: core.planner.memory.chunked_loss_bytes), else the
+    logits (e B per vocab entry), an fp32 copy when they are half precision, and log_softmax's fp32
+    output. Its result, two log-probs per pair, is kept through the policy's forward and backward. The
+    phase is compared with forward/backward and the step."""
     e, arch = c.act_b, c.arch
-    per_entry = e + (4 if e < 4 else 0) + 4
     layer = c.tokens * e * (arch.hidden_size + 3 * arch.intermediate_size)  # a block's MLP at its widest
-    logits = c.logit_tokens * arch.vocab_size * per_entry
+    if c.fused_loss:
+        head = chunked_loss_bytes(arch, e, c.res_b, c.logit_tokens, _head_cast(c), grad=False)
+        logits = head.transient + head.kept
+        what = (
+            f"chunked head: {head.chunk} of {c.logit_tokens} scored tokens at a time x vocab "
+            f"{arch.vocab_size:,} (logits, fp32 log-probs) + the scored hidden states"
+        )
+    else:
+        per_entry = e + (4 if e < 4 else 0) + 4
+        logits = c.logit_tokens * arch.vocab_size * per_entry
+        what = (
+            f"{c.logit_tokens} scored tokens x vocab {arch.vocab_size:,} x {per_entry} B (logits, their fp32 "
+            "log-probs)"
+        )
     return [
         Term(
             name="reference forward (no activations kept)",
             bytes=max(logits, layer),
             note=(
-                f"no-grad forward of both sides: {c.logit_tokens} scored tokens x vocab "
-                f"{arch.vocab_size:,} x "
-                f"{per_entry} B (logits, their fp32 log-probs)"
+                f"no-grad forward of both sides: {what}"
                 + ("" if logits >= layer else "; a block's MLP tensors are larger")
             ),
         )
@@ -102,12 +126,17 @@ def loss_buffer_bytes(c: Context) -> int:
     return c.logit_tokens * logits_bytes_per_token(c.arch, c.act_b, c.runtime.loss_fp32)
 
 
-def _activations(c: Context) -> tuple[Term, int]:
-    """What forward saves for backward, and one layer's share (which a recomputed layer holds again)."""
-    spec, arch, tokens = c.spec, c.arch, c.tokens
-    b, s = spec.micro_batch_size * spec.sequences_per_example, c.seq_len
-    h = arch.hidden_size
-    setup = ActivationSetup(
+def activation_setup(c: Context) -> ActivationSetup:
+    """What decides the tensors a block saves, for this plan."""
+    spec = c.spec
+    b = spec.micro_batch_size * spec.sequences_per_example
+    gqa = c.arch.num_kv_heads != c.arch.num_heads
+    # packed rows on a GPU in half precision: a varlen call that repeats k and v (Runtime.varlen_gqa)
+    varlen_repeats = (
+        spec.packing and spec.attn_implementation == "sdpa" and gqa and not c.cpu and c.act_b < 4
+        and not c.runtime.varlen_gqa
+    )  # fmt: skip
+    return ActivationSetup(
         compute_bytes=c.act_b,
         autocast=c.autocast,
         full=c.full,
@@ -115,14 +144,39 @@ def _activations(c: Context) -> tuple[Term, int]:
         lora_r=spec.lora_r,
         lora_dropout=spec.lora_dropout > 0,
         attn=spec.attn_implementation,
-        kv_repeated=spec.attn_implementation == "sdpa" and b > 1,
-        seq_len=s,
+        kv_repeated=(spec.attn_implementation == "sdpa" and b > 1 and not spec.packing) or varlen_repeats,
+        seq_len=c.seq_len,
         mask_bytes=4 if c.cpu else 1,  # a CPU dropout keeps a mask in the fp32 adapter dtype
         lora_bytes=c.lora_act_b,
     )
+
+
+def micro_batch_sequences(c: Context) -> int:
+    """Sequences in the planned micro-batch: its rows, or for packed rows an estimate of the examples in
+    them (PACKED_EXAMPLE_TOKENS each, or the widest example's length when that is shorter)."""
+    spec = c.spec
+    if not spec.packing:
+        return spec.micro_batch_size * spec.sequences_per_example
+    return max(1, -(-c.tokens // min(PACKED_EXAMPLE_TOKENS, max(1, c.seq_len))))
+
+
+def _flash_backward(c: Context) -> tuple[int, int]:
+    """A layer's flash-attention backward buffers over the whole micro-batch (all, largest) where the engine
+    runs one flash kernel for it: a GPU in half precision (or fp32 queries under autocast, cast for it:
+    training.packing) with SDPA or flash_attention_2. (0, 0): none that size (eager, fp32, a CPU)."""
+    if c.cpu or c.act_b == 4 or c.spec.attn_implementation == "eager":
+        return 0, 0
+    return flash_backward_bytes(c.arch, c.act_b, c.tokens, micro_batch_sequences(c))
+
+
+def _activations(c: Context) -> tuple[Term, int]:
+    """What forward saves for backward, and one layer's share (which a recomputed layer holds again)."""
+    spec, arch, tokens = c.spec, c.arch, c.tokens
+    h = arch.hidden_size
+    setup = activation_setup(c)
     per_layer, parts = layer_saved_bytes_per_token(arch, setup)
     layer_bytes = int(per_layer * tokens)
-    res_b = 4 if c.fp32_upcast else c.act_b  # dtype of the residual stream between blocks
+    res_b = c.res_b  # dtype of the residual stream between blocks (a checkpointed layer's input)
     final_norm = 4 * h * tokens  # the final norm keeps its fp32 input
     if spec.gradient_checkpointing:
         act = arch.num_layers * res_b * h * tokens + final_norm
@@ -164,12 +218,34 @@ def _block_weight_copy(c: Context) -> tuple[int, str]:
     return block_copy, copy_why
 
 
-def _loss_phase(c: Context) -> list[Term]:
-    """At backward start: the logits and loss buffers (+ a cast lm_head copy)."""
-    arch, e, cdt, loss_fp32 = c.arch, c.act_b, c.compute, c.runtime.loss_fp32
+def _head_cast(c: Context) -> bool:
+    """autocast casts a frozen fp32 lm_head weight to the compute dtype for its matmuls."""
     head_b = (4 if c.fp32_upcast else c.store_b) if c.spec.method == "qlora" else c.store_b
+    return _frozen_cast(c) and head_b == 4
+
+
+def _loss_phase(c: Context) -> list[Term]:
+    """The loss head's largest moment, all activations alive: the chunked head's (training.loss, inside
+    forward), or the plain head's logits and loss buffers at backward start (+ a cast lm_head copy)."""
+    arch, e, cdt, loss_fp32 = c.arch, c.act_b, c.compute, c.runtime.loss_fp32
+    if c.fused_loss:
+        head = chunked_loss_bytes(arch, e, c.res_b, c.logit_tokens, _head_cast(c))
+        return [
+            Term(
+                name="logits and loss",
+                bytes=head.transient + head.kept,
+                note=(
+                    f"chunked head (training.loss): {head.chunk} of {c.logit_tokens} scored tokens at a "
+                    f"time x vocab {arch.vocab_size:,}: the chunk's logits ({e} B), their fp32 copy and "
+                    "logsumexp's fp32 buffer, freed after each chunk"
+                    + (f" (+ the lm_head weight cast to {cdt})" if _head_cast(c) else "")
+                    + f"; kept: {c.logit_tokens} scored tokens x hidden {arch.hidden_size:,} x {c.res_b} B, "
+                    "their hidden states and gradients, + the fp32 loss per token"
+                ),
+            )
+        ]
     loss_phase = []
-    if _frozen_cast(c) and head_b == 4:
+    if _head_cast(c):
         loss_phase.append(
             Term(
                 name="lm_head compute-dtype copy",
@@ -210,13 +286,45 @@ def _layer_phase(c: Context, layer_bytes: int, block_copy: int, copy_why: str) -
                 + (f" (+ its linears' weight copies: {copy_why}, kept by the matmuls)" if block_copy else ""),
             )
         )
-    layer_phase.append(
-        Term(
-            name="backward working buffers",
-            bytes=tokens * backward_working_bytes_per_token(arch, e),
-            note="grads in flight through one block: hidden + 2 x intermediate per token",
-        )
+    grads = tokens * backward_working_bytes_per_token(arch, e, c.res_b)
+    lora_peak, module = lora_forward_transient_per_token(
+        arch,
+        c.lora,
+        act_bytes=e,
+        residual_bytes=c.res_b,
+        adapter_bytes=c.trainable_b,
+        casts_input=c.spec.method != "qlora" or not c.autocast,
+        dropout=c.spec.lora_dropout > 0,
     )
+    # the LoRA branch's copies, in forward (every layer's activations alive) or in a checkpointed layer's
+    # recomputation (its output's gradient alive)
+    incoming = c.res_b * arch.hidden_size if c.spec.gradient_checkpointing else 0
+    forward = tokens * (lora_peak + incoming)
+    # the attention's backward: flash's buffers beside the gradients of the block's output (residual dtype)
+    # and of the attention output, once the MLP's backward has freed the MLP's saved tensors
+    flash, _ = _flash_backward(c)
+    attention = 0
+    if flash:
+        incoming_attn = c.res_b * arch.hidden_size + e * arch.num_heads * arch.head_dim
+        attention = flash + int(
+            tokens * (incoming_attn - mlp_saved_bytes_per_token(arch, activation_setup(c)))
+        )
+    working = max(grads, forward, attention)
+    if working == grads:
+        why = f"grads in flight through one block: hidden ({c.res_b} B) + 2 x intermediate ({e} B) per token"
+    elif working == forward:
+        why = (
+            f"{module}'s LoRA input copies (cast to the adapter's dtype, dropout) and output sums, larger "
+            "than a block's gradients in flight"
+            + (" (+ the recomputed layer's incoming gradient)" if incoming else "")
+        )
+    else:
+        why = (
+            f"flash attention's backward: fp32 dq accumulator over {tokens} tokens + 128 rows for each of "
+            f"~{micro_batch_sequences(c)} sequences, softmax_d, dq/dk/dv (GQA: per query head first), beside "
+            "the block's output and attention-output gradients"
+        )
+    layer_phase.append(Term(name="backward working buffers", bytes=working, note=why))
     if _dequant_kept(c):
         layer_phase.append(
             Term(
@@ -275,3 +383,46 @@ def _fsdp_terms(c: Context) -> list[Term]:
     if not c.cpu:  # gloo, a CPU's backend, keeps no such buffers (measured: bench/planner_self.py)
         terms.append(Term(name="NCCL buffers", bytes=NCCL_BYTES, note="communicator buffers, ~300 MiB"))
     return terms
+
+
+@dataclass(frozen=True)
+class Churn:
+    """What the caching allocator's reuse depends on (core.planner.allocator): the largest tensors a step
+    keeps and the largest it frees again, at the planned micro-batch."""
+
+    kept_class: float  # bytes per token of the largest tensors a block keeps for backward
+    kept_alive: int  # bytes of that size class alive at the peak (every layer's; checkpointing: one layer's)
+    transient_class: float  # bytes per token of the largest tensor a block makes and frees within itself
+    largest_buffer: int  # the largest single transient buffer of a step, bytes
+
+
+def churn(c: Context) -> Churn:
+    arch, tokens, e = c.arch, c.tokens, c.act_b
+    setup = activation_setup(c)
+    kept, count = largest_saved_tensor_per_token(arch, setup)
+    layers = 1 if c.spec.gradient_checkpointing else arch.num_layers
+    adapter = c.trainable_b
+    casts = c.spec.method != "qlora" or not c.autocast
+    transient = float(max(e * arch.intermediate_size, c.res_b * arch.hidden_size))  # gradients in backward
+    block = {b.name for b in arch.block_linears}
+    for m, _ in c.lora:
+        if m.name not in block:
+            continue
+        x_b = c.res_b if m.group in ("attn_in", "mlp_in") else e
+        cast = adapter if casts and x_b != adapter else 0
+        transient = max(transient, m.in_features * (cast or (x_b if c.spec.lora_dropout > 0 else 0)))
+        transient = max(transient, m.out_features * e)
+    buffers = [int(transient * tokens), _flash_backward(c)[1]]
+    if c.fused_loss:
+        head = chunked_loss_bytes(arch, e, c.res_b, c.logit_tokens, _head_cast(c))
+        buffers.append(head.chunk * arch.vocab_size * 4)
+    else:
+        buffers.append(c.logit_tokens * arch.vocab_size * 4)
+    if c.spec.method == "qlora":
+        buffers.append(arch.largest_linear_numel * e)
+    return Churn(
+        kept_class=kept,
+        kept_alive=int(kept * count * tokens * layers),
+        transient_class=transient,
+        largest_buffer=max(buffers),
+    )

@@ -103,6 +103,64 @@ def layer_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> tuple
     return sum(parts.values()), [f"{k} {v:,.0f}" for k, v in parts.items() if v]
 
 
+def mlp_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> float:
+    """The part of layer_saved_bytes_per_token that the MLP's backward frees before the attention's runs:
+    the post-attention norm's input, the MLP's own tensors and its linears' LoRA copies."""
+    e, inter = s.compute_bytes, arch.intermediate_size
+    mlp = float((3 if arch.gated_mlp else 1) * e * inter + 4 * arch.hidden_size)
+    lora_e = s.lora_bytes or (e if s.autocast else 4)
+    own_copy = s.autocast or e != 4 or s.lora_dropout
+    block = {b.name for b in arch.block_linears}
+    for m, layers in s.lora:
+        if m.name in block and m.group in ("mlp_in", "mlp_mid") and own_copy:
+            mlp += (
+                (lora_e + (s.mask_bytes if s.lora_dropout else 0)) * m.in_features * layers / arch.num_layers
+            )
+    return mlp
+
+
+def largest_saved_tensor_per_token(arch: Architecture, s: ActivationSetup) -> tuple[float, int]:
+    """The largest tensors one block keeps for backward (bytes per token each; those of
+    layer_saved_bytes_per_token) and how many of them (within 10% of that size) a block keeps: the size
+    class whose blocks the caching allocator cannot reuse for a longer batch's (core.planner.allocator)."""
+    e, h, inter = s.compute_bytes, arch.hidden_size, arch.intermediate_size
+    sizes = [4.0 * h] * arch.norms_per_layer + [e * arch.num_heads * arch.head_dim]
+    if s.attn == "eager":
+        sizes += [4.0 * arch.num_heads * s.seq_len, e * arch.num_heads * s.seq_len]
+    sizes += [e * inter] * (
+        3 if arch.gated_mlp else (4 if arch.hidden_act in ("gelu_new", "gelu_fast") else 1)
+    )
+    lora_e = s.lora_bytes or (e if s.autocast else 4)
+    block = {b.name: b for b in arch.block_linears}
+    for m, _ in s.lora:
+        if m.name in block and (s.autocast or e != 4 or s.lora_dropout):
+            sizes.append(lora_e * m.in_features)
+            if s.lora_dropout:
+                sizes.append(s.mask_bytes * m.in_features)
+    if s.full:
+        sizes += [e * m.in_features for m in arch.block_linears]
+    largest = max(sizes)
+    return largest, sum(1 for x in sizes if x >= 0.9 * largest)
+
+
+def flash_backward_bytes(
+    arch: Architecture, compute_bytes: int, tokens: int, sequences: int
+) -> tuple[int, int]:
+    """(Bytes a flash-attention backward allocates for one layer, its largest buffer.) FlashAttention-2's
+    backward (PyTorch's flash_api.cpp, the varlen path and the padded one alike) accumulates dq in fp32 over
+    tokens + 128 rows per sequence x heads x head_dim (rounded up to 32), with softmax_d (fp32, heads x
+    those rows); it writes dq, dk, dv, and under GQA first dk and dv for every query head."""
+    heads, kv, d, e = arch.num_heads, arch.num_kv_heads, arch.head_dim, compute_bytes
+    rows = tokens + 128 * sequences
+    accum = rows * heads * _ceil_div(d, 32 if d <= 128 else 64) * (32 if d <= 128 else 64) * 4
+    others = (
+        heads * rows * 4
+        + tokens * (heads + 2 * kv) * d * e
+        + (2 * tokens * heads * d * e if kv != heads else 0)
+    )
+    return accum + others, accum
+
+
 def _lora_saved_per_token(arch: Architecture, s: ActivationSetup) -> float:
     """What LoRA adds per token (averaged over layers): lora_A's saved input and lora_B's (r outputs).
 
@@ -131,11 +189,45 @@ def _lora_saved_per_token(arch: Architecture, s: ActivationSetup) -> float:
     return total + sum(shared.values())
 
 
-def backward_working_bytes_per_token(arch: Architecture, compute_bytes: int) -> int:
-    """Gradients in flight through one block, beside its saved tensors: the residual-stream gradient
-    and, at the worst moment (the backward of the MLP's elementwise product), two intermediate-sized
-    gradients; the product's own saved input is freed by then."""
-    return compute_bytes * (arch.hidden_size + 2 * arch.intermediate_size)
+def backward_working_bytes_per_token(arch: Architecture, compute_bytes: int, residual_bytes: int = 0) -> int:
+    """Gradients in flight through one block, beside its saved tensors: the residual-stream gradient (in
+    the residual stream's dtype, `residual_bytes`; default the compute dtype) and, at the worst moment (the
+    backward of the MLP's elementwise product), two intermediate-sized gradients; the product's own saved
+    input is freed by then."""
+    return (residual_bytes or compute_bytes) * arch.hidden_size + compute_bytes * 2 * arch.intermediate_size
+
+
+def lora_forward_transient_per_token(
+    arch: Architecture,
+    lora: tuple[tuple[LinearModule, int], ...],
+    *,
+    act_bytes: int,
+    residual_bytes: int,
+    adapter_bytes: int,
+    casts_input: bool,
+    dropout: bool,
+) -> tuple[int, str]:
+    """The largest moment of one LoRA-wrapped block linear's forward, in bytes per token beyond what the
+    block saves (and the module's name). peft's LoRA layer casts its input to the adapter's dtype
+    (`casts_input`: the plain layer always does; bitsandbytes' 4-bit one only without autocast) and runs
+    the dropout on that, so beside the base output it holds, until lora_A has made its own (saved) copy,
+    the cast input and the dropout's output: in_features x (adapter B + dropout B). The output side: the
+    base output and the scaled LoRA output before they are added, 2 x out_features x compute B.
+    A linear's input is a norm's output (the residual stream's dtype) for q/k/v and gate/up, the compute
+    dtype's attention output or MLP product for o_proj and down_proj (checked against an allocation trace
+    of the engine: the recomputed down_proj's fp32 input copies make the peak of a checkpointed step)."""
+    block = {b.name for b in arch.block_linears}
+    worst, name = 0, ""
+    for m, _ in lora:
+        if m.name not in block:
+            continue
+        x_b = residual_bytes if m.group in ("attn_in", "mlp_in") else act_bytes
+        cast = adapter_bytes if casts_input and x_b != adapter_bytes else 0
+        inputs = m.in_features * (cast + ((cast or x_b) if dropout else 0))
+        outputs = 2 * m.out_features * act_bytes
+        if max(inputs, outputs) > worst:
+            worst, name = max(inputs, outputs), m.name
+    return worst, name
 
 
 def dequant_excess_bytes(arch: Architecture, compute_bytes: int, tokens: int) -> int:
@@ -155,7 +247,8 @@ def unpack_excess_bytes(arch: Architecture, compute_bytes: int, tokens: int) -> 
 
 
 def logits_bytes_per_token(arch: Architecture, compute_bytes: int, loss_fp32: bool = True) -> int:
-    """The causal-LM loss head, per token: bytes per vocab entry x vocab.
+    """The plain causal-LM loss head (the logits of every scored token at once), per token: bytes per
+    vocab entry x vocab. ftune's engine takes it only where its chunked head cannot serve (loss_phase_bytes).
 
     fp32 loss (ftune's loop, transformers' loss, autocast's cross_entropy): forward keeps the logits
     (e B), their fp32 copy (.float(), or the contiguous copy of the shifted slice) and log_softmax's
@@ -177,3 +270,36 @@ LOSS_CHUNK_BYTES = 256 * 2**20
 def loss_chunk_tokens(vocab_size: int) -> int:
     """Scored tokens per chunk of the engine's loss head."""
     return max(1, LOSS_CHUNK_BYTES // (4 * vocab_size))
+
+
+@dataclass(frozen=True)
+class ChunkedLoss:
+    """ftune's chunked loss head (training.loss) for a micro-batch's scored tokens, at its largest moment."""
+
+    chunk: int  # tokens of the largest chunk: min(scored, loss_chunk_tokens(vocab))
+    transient: int  # one chunk's vocab-sized buffers at their widest (+ a cast lm_head weight), bytes
+    kept: int  # alive through every chunk: the [scored, hidden] inputs and gradients, the loss per token
+
+
+def chunked_loss_bytes(
+    arch: Architecture, compute_bytes: int, hidden_bytes: int, scored: int, head_cast: bool, grad: bool = True
+) -> ChunkedLoss:
+    """training.loss._LinearCrossEntropy, inside forward with no autograd graph. Per chunk of c tokens:
+    F.linear makes the logits in the compute dtype (e B per vocab entry) and .float() their fp32 copy
+    (4); logsumexp subtracts the row max into a second fp32 buffer (4) while the copy lives: 8 B per vocab
+    entry; the softmax is then made in place and cast to the compute dtype (e) for the gradient matmul,
+    for which autocast also casts a frozen fp32 lm_head (`head_cast`: V x hidden x e, one copy at a time,
+    none kept): max(e + 4, 8) x c x V, or (4 + e) x c x V + the weight copy if that is more.
+    Kept through the chunks: h, the scored positions' hidden states [scored, hidden] in the residual
+    stream's dtype (`hidden_bytes`), the fp32 loss per token and, when the head is trained through
+    (`grad`; not a no-grad reference forward), their gradient grad_h (h's shape and dtype, saved for
+    backward) and the chunk's gradient rows [c, hidden] in the compute dtype before they are copied in.
+    """
+    e, vocab, hidden = compute_bytes, arch.vocab_size, arch.hidden_size
+    c = min(scored, loss_chunk_tokens(vocab))
+    copy = vocab * hidden * e if head_cast else 0
+    transient = max(c * vocab * max(e + 4, 8), c * vocab * (4 + e) + copy)
+    kept = scored * (hidden * hidden_bytes + 4)
+    if grad:
+        kept += scored * hidden * hidden_bytes + c * hidden * e
+    return ChunkedLoss(chunk=c, transient=transient, kept=kept)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from core.arch import Architecture
-from core.planner.allocator import cached_bytes, overhead_terms
+from core.planner.allocator import loss_segments_bytes, overhead_terms, workspace_terms
 from core.planner.context import plan_context
 from core.planner.forward_backward import forward_backward_terms, reference_terms
 from core.planner.gpus import Gpu
@@ -23,7 +23,7 @@ def peak_plan(
     shape: BatchShape | None = None,
 ) -> Plan:
     c = plan_context(spec, arch, gpu, runtime, shape)
-    persistent = persistent_terms(c)
+    persistent = persistent_terms(c) + workspace_terms(c, gpu.name)
     # The phases of a step, one at a time; the largest makes the peak, the others are listed at 0.
     phases = {
         "reference forward": reference_terms(c) if spec.uses_reference else [],  # dpo, before the policy's
@@ -35,10 +35,12 @@ def peak_plan(
     for name in phases:
         if name != peak:
             phases[name] = idle(phases[name], f"the {name} phase is smaller than the {peak} phase")
-    used = sum(t.bytes for t in persistent) + totals[peak]
-    breakdown = persistent + [t for terms in phases.values() for t in terms] + overhead_terms(c, used)
+    held = sum(t.bytes for t in persistent)
+    used = held + totals[peak]
+    overhead = overhead_terms(c, used, held)
+    breakdown = persistent + [t for terms in phases.values() for t in terms] + overhead
     total = sum(t.bytes for t in breakdown)
-    loss_segments, varlen_cache = cached_bytes(c, gpu, total)
+    context = sum(t.bytes for t in overhead if t.name == "CUDA context")
     usable = gpu.usable_bytes
     seconds, speed_note = epoch_seconds(spec, arch, gpu, c.trainable, tokens_per_epoch)
     return Plan(
@@ -49,9 +51,9 @@ def peak_plan(
         trainable_params=c.trainable,
         breakdown=breakdown,
         allocated_bytes=used,
+        reserved_bytes=total - context,
         total_bytes=total,
-        loss_segments_bytes=loss_segments,
-        varlen_cache_bytes=varlen_cache,
+        loss_segments_bytes=loss_segments_bytes(c, gpu.memory_bytes, total),
         usable_bytes=usable,
         fits=total <= usable,
         headroom_bytes=usable - total,

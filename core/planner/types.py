@@ -65,12 +65,15 @@ class Plan(BaseModel):
     total_params: int
     trainable_params: int
     breakdown: list[Term]
-    allocated_bytes: int  # total minus CUDA context and fragmentation: compare with max_memory_allocated
-    total_bytes: int
+    allocated_bytes: int  # the bytes in use at the peak: compare with max_memory_allocated
+    # the caching allocator's segments at their peak: allocated + its cached free blocks (fragmentation);
+    # compare with max_memory_reserved. On a CPU (no caching allocator): allocated_bytes.
+    reserved_bytes: int = 0
+    total_bytes: int  # reserved + the CUDA context: what the device must have
     # Not in total_bytes (cached blocks the allocator frees and retries with before an OOM, so they never
-    # decide a fit) but in what nvidia-smi or torch.cuda.max_memory_reserved show (see planner_allocator):
-    loss_segments_bytes: int = 0  # half-precision logits segments the fp32 loss gradients cannot reuse
-    varlen_cache_bytes: int = 0  # blocks kept from earlier, shorter batches on data of varying lengths
+    # decide a fit) but in what nvidia-smi or torch.cuda.max_memory_reserved show (core.planner.allocator):
+    # the plain loss head's half-precision logits segments, which its fp32 buffers cannot reuse
+    loss_segments_bytes: int = 0
     usable_bytes: int
     fits: bool
     headroom_bytes: int
@@ -96,8 +99,9 @@ def idle(terms: list[Term], why: str) -> list[Term]:
 
 @dataclass(frozen=True)
 class Runtime:
-    """What the training framework keeps that a JobSpec does not say; the default is ftune's engine.
-    bench/planner_accuracy.py states these per published run."""
+    """What the training framework keeps that a JobSpec does not say. FTUNE is ftune's engine; the
+    defaults otherwise describe the usual transformers/peft loop (bench/planner_accuracy.py states these
+    per published run)."""
 
     # peft's prepare_model_for_kbit_training (TRL/HF QLoRA recipes) casts every non-quantized parameter
     # (embeddings, lm_head, norms) to fp32; ftune keeps them in the compute dtype.
@@ -113,6 +117,18 @@ class Runtime:
     # partition of the trainable params, Adam m and v in fp32 and a contiguous half-precision gradient
     # partition; the step flattens the half gradients and casts them to fp32: 2 + 4 B/param transient).
     half_model_master: bool = False
+    # Every micro-batch has the same shape (batches padded to max_seq_len, rows always full): the caching
+    # allocator then reuses one step's blocks for the next (core.planner.allocator); False: lengths vary.
+    fixed_shapes: bool = False
+    # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (ftune's training process sets it): the allocator grows
+    # one mapping instead of adding segments, so batches of varying lengths strand nothing
+    # (core.planner.allocator); False: torch's default segments.
+    expandable_segments: bool = False
+    # Packed rows' attention takes grouped k and v as they are (flash-attn's varlen, torch's varlen from 2.12
+    # with enable_gqa). ftune's packed attention on a torch whose varlen has no enable_gqa repeats k and v to
+    # every query head (training.packing), which the kernel then saves: FTUNE assumes that (a plan made
+    # without the worker's torch at hand); training.memory asks the torch it runs on.
+    varlen_gqa: bool = True
     # 4-bit linears dequantized with plain torch ops inside forward, the half-precision weight then fed to
     # torch.matmul, which saves it for the input gradient: auto-gptq's trainable QuantLinear (cuda-old path,
     # used by transformers' GPTQ loading for training). A recomputed layer (or, without checkpointing, every
@@ -122,6 +138,11 @@ class Runtime:
     # The model's loss copies the shifted logits (logits[..., :-1, :].contiguous(): GPT-2-derived remote code
     # such as Qwen-1, transformers before 4.46) before the cross-entropy: one more logits-sized segment.
     loss_shift_copy: bool = False
+    # The loss head runs over chunks of scored tokens and never holds [scored tokens, vocab] logits
+    # (ftune's engine, training.loss; for a model whose lm_head is a frozen plain Linear without logit
+    # soft-capping or scaling, see core.planner.context.fused_loss). False: the whole logits and an fp32
+    # cross-entropy (transformers' loss, TRL, DeepSpeed, ...: every run bench/planner_accuracy.py cites).
+    fused_loss: bool = False
 
 
-FTUNE = Runtime()
+FTUNE = Runtime(fused_loss=True, expandable_segments=True, varlen_gqa=False)
