@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install up test lint bench clean
+.PHONY: install up test test-floor lint bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ up: install
 
 test: install
 	$(PY) -m pytest -q
+
+# The dependency floor: tests/core and tests/training with every runtime dependency at the lowest version
+# pyproject.toml allows, in a venv of its own (.venv-floor; .ci/floor says how).
+test-floor:
+	PYTHON=$(PYTHON) bash .ci/floor
 
 lint: install
 	$(VENV)/bin/ruff check .
