@@ -23,8 +23,8 @@ up: install
 test: install
 	$(PY) -m pytest -q
 
-# The dependency floor: tests/core and tests/training with every runtime dependency at the lowest version
-# pyproject.toml allows, in a venv of its own (.venv-floor; .ci/floor says how).
+# The dependency floor: the engine's and core's tests with every runtime dependency at the lowest version
+# pyproject.toml allows, in a venv of its own (.venv-floor; .ci/floor says which tests).
 test-floor:
 	PYTHON=$(PYTHON) bash .ci/floor
 
