@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.spec import JobSpec
+from tests.training.test_packing import make_trainer
 from tests.training.util import qa_rows, write_jsonl
 from training import loss as loss_module
 from training.data import IGNORE, Tokenized, collate, load_dataset, scored_targets
 from training.loss import token_losses
-from training.model import load_model, trainable_parameters
 from training.packing import collate_packed
 
 
@@ -23,15 +22,9 @@ def items(tokenizer, tmp_path: Path) -> list[Tokenized]:
     return items
 
 
-def _model(tiny_model: Path, packing: bool):
-    spec = JobSpec(base_model="tiny", dataset_id="testdata01", lora_dropout=0.0, lora_r=4, packing=packing)
-    torch.manual_seed(0)
-    model = load_model(spec, tiny_model, torch.device("cpu"))
-    params = [p for _, p in trainable_parameters(model)]
-    with torch.no_grad():  # LoRA B starts at zero; make every LoRA weight get a gradient
-        for p in params:
-            p.add_(torch.randn_like(p) * 0.05)
-    return model, params
+def _model(tiny_model: Path, items, packing: bool):
+    parts = make_trainer(tiny_model, items, packing=packing)  # every LoRA weight nonzero: all get gradients
+    return parts.model, parts.params
 
 
 def _run(model, params, batch, fused: bool):
@@ -49,7 +42,7 @@ def _run(model, params, batch, fused: bool):
 def test_chunked_head_equals_the_plain_head(
     tiny_model: Path, items, packing: bool, chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model, params = _model(tiny_model, packing)
+    model, params = _model(tiny_model, items, packing)
     batch = collate_packed(items) if packing else collate(items, 0)
     monkeypatch.setattr(loss_module, "loss_chunk_tokens", lambda vocab: chunk)
     want_losses, want_hits, want_grads = _run(model, params, batch, fused=False)
@@ -64,7 +57,7 @@ def test_chunked_head_equals_the_plain_head(
 
 def test_the_plain_head_is_the_model_s_own_logits(tiny_model: Path, items) -> None:
     """The reference itself: the cross-entropy of the logits the model returns, at the scored positions."""
-    model, _ = _model(tiny_model, packing=False)
+    model, _ = _model(tiny_model, items, packing=False)
     batch = collate(items, 0)
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"]).logits[:, :-1]
