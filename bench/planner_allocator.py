@@ -4,26 +4,33 @@ on a CPU: the gpu_check configs without a GPU.
     .venv/bin/python bench/planner_allocator.py [--configs lora,qlora] [--layers 22] [--steps 8]
 
 Each config (bench/gpu_check.py's: the 1.1B Llama shape, alpaca_small packed 4 x 1024, micro-batches of
-2,233-4,076 tokens over 8 steps) runs the engine's own code (training.loss's chunked head, training.packing's
-attention, training.dropout's masks, peft and bitsandbytes' layers, non-reentrant checkpointing, foreach
-AdamW) on fake tensors (torch._subclasses.FakeTensorMode: shapes only, no compute, no memory), with the
-engine's CUDA branches taken (bf16 autocast, the varlen flash kernel, bool dropout masks, bitsandbytes'
-dequantize-then-matmul above 1,536 rows) and the CUDA kernels' own buffers added (flash attention's
-backward accumulators). Every tensor storage's birth and death is recorded in order, then replayed through
-a re-implementation of c10/cuda/CUDACachingAllocator.cpp's rules (512 B rounding; 2 MiB segments for
-requests up to 1 MiB, 20 MiB ones up to 10 MiB, larger ones rounded to 2 MiB; best fit by size and address;
-a block split when more than 1 MiB (small pool: 512 B) is left; free neighbours merged; segments never
-returned): the replay's max allocated and max reserved are what torch.cuda reports, with the loading of the
-weights first (QLoRA: each linear's bf16 weight and fp32 absmax made and freed as it is quantized).
+2,233-4,076 tokens over 8 steps) runs the engine's own code (training.loss's chunked head,
+training.packing's attention, training.dropout's masks, peft and bitsandbytes' layers, non-reentrant
+checkpointing, foreach AdamW) on fake tensors (torch._subclasses.FakeTensorMode: shapes only, no compute, no
+memory), with the engine's CUDA branches taken (bf16 autocast, the varlen flash kernel, bool dropout masks,
+bitsandbytes' dequantize-then-matmul above 1,536 rows) and the CUDA kernels' own buffers added (flash
+attention's backward accumulators). Every tensor storage's birth and death is recorded in order, then
+replayed through a re-implementation of c10/cuda/CUDACachingAllocator.cpp's rules: 512 B rounding, best fit
+by size and address, free neighbours merged, nothing returned; by default with expandable segments, as
+training.run sets them (one segment per pool, 20 MiB pages in the large pool and 2 MiB in the small one
+mapped at its end when no cached block fits, every split kept), with --classic torch's default segments (2
+MiB ones for requests up to 1 MiB, 20 MiB ones up to 10 MiB, larger ones rounded to 2 MiB; a block split
+when more than 1 MiB (small pool: 512 B) is left). The weights are loaded first (QLoRA: each linear's bf16
+weight and fp32 absmax made and freed as it is quantized). The replay's max allocated and max reserved are
+what torch.cuda reports, plus the cuBLAS workspaces the trace does not see (in the plan; so is the CUDA
+context, outside the allocator).
 
-Checked against an H200 (torch 2.11, the engine before the chunked head and the varlen attention, traced the
-same way): allocated 15.37 / 5.31 / 1.54 / 10.31 GiB (lora, lora+ckpt, qlora, qlora-no-ckpt) and reserved
-16.45 / 5.53 / 2.03 / 15.41 GiB, + 64 MiB of cuBLAS workspaces the trace does not see, vs measured
-15.43 / 5.37 / 1.62 / 10.39 and 16.49 / 5.60 / 2.08 / 15.50: within 2.5%, the 5.1 GiB of QLoRA's
-fragmentation without checkpointing included. What a GPU run adds beyond the trace: the CUDA context
-(outside the allocator) and the cuBLAS workspaces (inside it), both in the plan.
+Checked against one H200 (torch 2.11, whose varlen attention has no enable_gqa: --no-gqa;
+bench/results/h200-2026-11-26, run 2): replayed allocated and reserved 16.01 / 16.36 GiB (lora),
+5.39 / 5.52 (lora+ckpt), 1.62 / 1.81 (qlora), 10.94 / 11.27 (qlora-no-ckpt) vs measured 16.01 / 16.32,
+5.39 / 5.54, 1.62 / 1.81, 10.94 / 11.29: within 0.3%. An earlier version of this trace, of the
+engine before its chunked head and varlen attention, replayed with torch's default segments, matched that
+engine's H200 peaks within 2.5% (allocated 15.43 / 5.37 / 1.60 / 10.37 GiB and reserved 16.51 / 5.60 / 2.10 /
+15.47 for lora, lora+ckpt, qlora, qlora-no-ckpt vs 15.43 / 5.37 / 1.62 / 10.39 and 16.49 / 5.60 / 2.08 /
+15.50), QLoRA's 5.1 GiB of fragmentation without checkpointing included.
 Prints, per config: the plan admission makes (micro_batch_size x max_seq_len tokens), the engine's plan from
-its data's largest micro-batch, and the replay, with the signed errors of the plan's allocated and reserved.
+its data's largest micro-batch, and the replay, with the signed errors of the plan's allocated and reserved,
+and of its total (reserved + the CUDA context) against the replay's reserved.
 """
 
 from __future__ import annotations
