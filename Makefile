@@ -23,7 +23,7 @@ up: install
 test: install
 	$(PY) -m pytest -q
 
-# The dependency floor: the engine's and core's tests with every runtime dependency at the lowest version
+# The dependency floor (.ci/run runs it after `make test`): the engine's and core's tests with every runtime dependency at the lowest version
 # pyproject.toml allows, in a venv of its own (.venv-floor; .ci/floor says which tests).
 test-floor:
 	PYTHON=$(PYTHON) bash .ci/floor
