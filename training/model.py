@@ -100,7 +100,7 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, init_adapte
 
 def enable_checkpointing(model) -> None:
     """Recompute each decoder layer in backward. Non-reentrant checkpointing needs no input grads and
-    works with frozen embeddings. transformers renamed the switch after 5.17 (the old name still works,
+    works with frozen embeddings. transformers renamed the switch in 5.23 (the old name still works,
     with a deprecation warning, until 6), so the name is detected, not assumed."""
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):
