@@ -31,9 +31,7 @@ test-floor:
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy core
-	$(VENV)/bin/mypy training
-	$(VENV)/bin/mypy inference
+	$(VENV)/bin/mypy core training inference models api worker cli
 	$(VENV)/bin/lint-imports
 
 bench: install

@@ -23,7 +23,7 @@ def get_principal(
 ) -> Principal:
     if services.local_principal is not None:  # FTUNE_AUTH=off
         return services.local_principal
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    scheme, _space, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
     with services.sessions() as s:

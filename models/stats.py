@@ -85,7 +85,7 @@ def running_throughput(session: Session) -> list[tuple[str, str, float]]:
             Job.status == JobStatus.RUNNING, Job.tokens_per_s.is_not(None)
         )
     ).all()
-    return [(job_id, worker or "", float(tps)) for job_id, worker, tps in rows]
+    return [(job_id, worker or "", float(tps or 0.0)) for job_id, worker, tps in rows]
 
 
 def tenant_names(session: Session) -> dict[str, str]:

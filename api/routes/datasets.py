@@ -91,14 +91,14 @@ async def upload_dataset(
             return replayed(*replay)
         response = await run_in_threadpool(_store, services, principal, tmp, filename, report)
     except BaseException:
-        if owns_key:
+        if key is not None and owns_key:
             with anyio.CancelScope(shield=True):  # also when the client went away (a cancellation)
-                await run_in_threadpool(idem.release, services.sessions, scope_key, key)  # type: ignore[arg-type]
+                await run_in_threadpool(idem.release, services.sessions, scope_key, key)
         raise
     finally:
         tmp.unlink(missing_ok=True)
-    if owns_key:
-        body = json.loads(response.body)
+    if key is not None and owns_key:
+        body = json.loads(bytes(response.body))
         await run_in_threadpool(
             idem.finish,
             services.sessions,
@@ -106,7 +106,7 @@ async def upload_dataset(
             key,
             request_hash,
             response.status_code,
-            body,  # type: ignore[arg-type]
+            body,
         )
     return response
 
