@@ -14,19 +14,6 @@ from core import errors
 
 log = logging.getLogger(__name__)
 
-STATUS = {
-    errors.NotFound: 404,
-    errors.InvalidInput: 422,
-    errors.Conflict: 409,
-    errors.Infeasible: 422,
-    errors.Unsupported: 422,
-    errors.PayloadTooLarge: 413,
-    errors.Unavailable: 503,
-    errors.Unauthorized: 401,
-    errors.Forbidden: 403,
-    errors.RateLimited: 429,
-    errors.RequestTimeout: 408,
-}
 HTTP_CODES = {
     400: "bad_request",
     401: "unauthorized",
@@ -39,13 +26,6 @@ HTTP_CODES = {
 
 def error_body(code: str, message: str, param: str | None = None, details: Any = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "param": param, "details": details}}
-
-
-def _status(exc: errors.FtuneError) -> int:
-    for cls in type(exc).__mro__:
-        if cls in STATUS:
-            return STATUS[cls]
-    return 400
 
 
 def _param(loc: tuple[Any, ...]) -> str | None:
@@ -71,7 +51,7 @@ def install(app: FastAPI) -> None:
         if isinstance(exc, errors.Unauthorized):
             headers["WWW-Authenticate"] = "Bearer"
         body = error_body(exc.code, exc.message, exc.param, exc.details)
-        return JSONResponse(body, _status(exc), headers=headers)
+        return JSONResponse(body, errors.status_for(exc), headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

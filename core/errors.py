@@ -1,8 +1,9 @@
-"""Domain errors. Each carries a stable machine-readable code; the API maps classes to HTTP statuses."""
+"""Domain errors. Each carries a stable machine-readable code, and an HTTP status per surface (STATUS,
+status_for): the native API, /v1 and the inference engine all answer from this one table."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 
 class FtuneError(Exception):
@@ -73,3 +74,43 @@ class Unavailable(FtuneError):
     """A dependency (database, broker) is not reachable."""
 
     code = "unavailable"
+
+
+class Status(NamedTuple):
+    """An error's HTTP status on each surface that answers it."""
+
+    native: int  # /jobs, /datasets, ... (api/errors.py)
+    # /v1 (api/openai/errors.py): the statuses the openai SDK maps to its exception classes. It retries 408,
+    # 409, 429 and >= 500, so what a retry cannot fix is a 400 (a conflict too, but TRANSIENT_CONFLICTS).
+    openai: int
+    # The inference engine (inference/server.py): a domain error there is a request it cannot serve; its
+    # own refusals (404 model_not_found, 429, 504) are inference.errors.EngineError.
+    engine: int
+
+
+Surface = Literal["native", "openai", "engine"]
+
+STATUS: dict[type[FtuneError], Status] = {
+    FtuneError: Status(400, 400, 400),
+    NotFound: Status(404, 404, 400),
+    InvalidInput: Status(422, 400, 400),
+    Conflict: Status(409, 400, 400),
+    Infeasible: Status(422, 400, 400),
+    Unsupported: Status(422, 400, 400),
+    PayloadTooLarge: Status(413, 413, 400),
+    Unavailable: Status(503, 503, 400),
+    Unauthorized: Status(401, 401, 400),
+    Forbidden: Status(403, 403, 400),
+    RateLimited: Status(429, 429, 400),
+    RequestTimeout: Status(408, 408, 400),
+}
+# Conflicts that go away by waiting: on /v1 they stay 409, the one conflict the SDK's retry is right for.
+TRANSIENT_CONFLICTS = frozenset({"idempotency_key_in_flight"})
+
+
+def status_for(exc: FtuneError, surface: Surface = "native") -> int:
+    """The HTTP status that answers `exc` on `surface` (a subclass: its nearest listed class's)."""
+    if surface == "openai" and isinstance(exc, Conflict) and exc.code in TRANSIENT_CONFLICTS:
+        return 409
+    row = next(STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS)
+    return int(getattr(row, surface))

@@ -26,7 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from core.catalog import Catalog
-from core.errors import FtuneError
+from core.errors import FtuneError, status_for
 from inference.engine import Engine, seed_everything
 from inference.errors import EngineError
 from inference.scheduler import DONE, Scheduler, Ticket
@@ -53,7 +53,8 @@ def create_app(engine: Engine, *, max_waiting: int = 32, timeout_seconds: float 
 
     @app.exception_handler(FtuneError)
     async def _ftune_error(_: Request, e: FtuneError) -> JSONResponse:
-        return JSONResponse(EngineError(400, e.code, e.message, param=e.param).body(), status_code=400)
+        status = status_for(e, "engine")
+        return JSONResponse(EngineError(status, e.code, e.message, param=e.param).body(), status_code=status)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:

@@ -6,9 +6,10 @@ validation, HTTP errors, and bugs) into this shape before the app's handlers see
 rather than a mounted sub-application: /v1 shares the app's services, middleware, metrics labels and
 OpenAPI document, and api/errors.py stays as it is.
 
-Statuses are the ones the openai SDK maps to its exception classes. It retries 408, 409, 429 and
->= 500, so a conflict that a retry cannot fix (a file in use, a finished job) is a 400; only a conflict
-that resolves by itself (an Idempotency-Key still in flight) keeps 409.
+Statuses are the ones the openai SDK maps to its exception classes (core.errors.STATUS, its `openai`
+column): it retries 408, 409, 429 and >= 500, so a conflict that a retry cannot fix (a file in use, a
+finished job) is a 400; only a conflict that resolves by itself (an Idempotency-Key still in flight)
+keeps 409.
 """
 
 from __future__ import annotations
@@ -28,18 +29,6 @@ from api.errors import HTTP_CODES
 from core import errors
 
 log = logging.getLogger(__name__)
-
-STATUS: dict[type[errors.FtuneError], int] = {
-    errors.NotFound: 404,
-    errors.Unauthorized: 401,
-    errors.Forbidden: 403,
-    errors.RateLimited: 429,
-    errors.PayloadTooLarge: 413,
-    errors.RequestTimeout: 408,
-    errors.Unavailable: 503,
-}
-# Conflicts that go away by waiting: the SDK's retry of a 409 is right for these only.
-TRANSIENT_CONFLICTS = frozenset({"idempotency_key_in_flight"})
 
 ErrorType = Literal[
     "invalid_request_error", "authentication_error", "permission_error", "rate_limit_error", "server_error"
@@ -82,15 +71,6 @@ def error_response(
     return JSONResponse({"error": body}, status, headers=headers)
 
 
-def status_of(exc: errors.FtuneError) -> int:
-    if isinstance(exc, errors.Conflict):
-        return 409 if exc.code in TRANSIENT_CONFLICTS else 400
-    for cls in type(exc).__mro__:
-        if cls in STATUS:
-            return STATUS[cls]
-    return 400  # invalid input, infeasible, unsupported: the request as sent cannot succeed
-
-
 def _domain(exc: errors.FtuneError) -> JSONResponse:
     headers = {}
     if isinstance(exc, errors.RateLimited):
@@ -98,7 +78,8 @@ def _domain(exc: errors.FtuneError) -> JSONResponse:
     if isinstance(exc, errors.Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
     details = exc.details if isinstance(exc, errors.Infeasible) else None
-    return error_response(status_of(exc), exc.message, exc.code, exc.param, headers, details)
+    status = errors.status_for(exc, "openai")
+    return error_response(status, exc.message, exc.code, exc.param, headers, details)
 
 
 def _param(loc: tuple[Any, ...]) -> str | None:
