@@ -33,6 +33,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy core training inference models api worker cli
 	$(VENV)/bin/lint-imports
+	$(PY) -m tests.duplicate_lines core training inference models api worker cli
 
 bench: install
 	$(PY) bench/planner_accuracy.py
