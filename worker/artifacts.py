@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tarfile
 from pathlib import Path
 
+from core.archive import flat_files, write_tar_gz
 from core.storage import ADAPTER_ARCHIVE, ADAPTER_DIR
 
 
@@ -39,9 +39,5 @@ def build_adapter_archive(job_dir: Path) -> Path:
 def build_archive(src: Path, dst: Path) -> Path:
     """Pack the files of `src` flat into the .tar.gz `dst`, renamed into place when complete."""
     tmp = dst.with_name(dst.name + ".tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        for f in sorted(src.iterdir()):
-            if f.is_file():
-                tar.add(f, arcname=f.name)
-    os.replace(tmp, dst)
+    os.replace(write_tar_gz(tmp, flat_files(src)), dst)
     return dst

@@ -4,34 +4,18 @@ parameter name), optimizer.safetensors, rng.safetensors and state.json; nothing 
 
 from __future__ import annotations
 
-import io
-import tarfile
-from collections.abc import Iterator
-from pathlib import Path
-
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
 from api.auth import PrincipalDep, scope
 from api.deps import ServicesDep, SessionDep
 from api.responses import AUTHED, errors
+from core.archive import flat_files, stream_tar_gz
 from core.errors import NotFound
 from models import jobs as jobs_db
 from models import openai_jobs
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(*AUTHED))
-
-
-def _tar_gz(directory: Path, name: str) -> Iterator[bytes]:
-    """The directory's files as a .tar.gz under `name`/, a file at a time (never the whole archive held)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w|gz") as tar:
-        for path in sorted(p for p in directory.iterdir() if p.is_file()):
-            tar.add(path, arcname=f"{name}/{path.name}")
-            yield buffer.getvalue()
-            buffer.seek(0)
-            buffer.truncate()
-    yield buffer.getvalue()
 
 
 @router.get(
@@ -60,7 +44,7 @@ def download_checkpoint(
         )
     name = f"ftune-checkpoint-{job.id}-step-{step}"
     return StreamingResponse(
-        _tar_gz(path, name),
+        stream_tar_gz(flat_files(path, f"{name}/")),
         media_type="application/gzip",
         headers={"Content-Disposition": f'attachment; filename="{name}.tar.gz"'},
     )

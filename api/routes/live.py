@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tarfile
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request
@@ -14,6 +13,7 @@ from api.deps import ServicesDep, SessionDep
 from api.responses import AUTHED, errors
 from api.routes.jobs import _get
 from api.sse import event_stream
+from core.archive import write_tar_gz
 from core.errors import InvalidInput, NotFound
 from core.planner import Plan
 from models.tables import Artifact
@@ -113,9 +113,7 @@ def download_artifact(
             code="artifact_gone",
             param="artifact_id",
         )
-    tmp = services.storage.temp_file()
-    with tarfile.open(tmp, "w:gz") as tar:
-        tar.add(path, arcname=path.name)
+    tmp = write_tar_gz(services.storage.temp_file(), [(path, path.name)])
     return FileResponse(
         tmp,
         media_type="application/gzip",
