@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 from core.arch import load_architecture
 from core.catalog import Catalog
 from core.data.examples import kind_of
-from core.data.measure import StatsRequest
 from core.errors import InvalidInput, NotFound, Unsupported
 from core.planner import BatchShape, Plan
 from core.planner.feasibility import plan_for_fleet, plan_on, require_fits, tokens_per_epoch
@@ -21,7 +20,6 @@ from core.planner.gpus import resolve_gpu
 from core.planner.sharding import fsdp_problem
 from core.spec import JobSpec
 from core.states import JobStatus
-from core.storage import Storage
 from models import datasets as datasets_db
 from models import jobs as jobs_db
 from models import openai_jobs
@@ -181,24 +179,10 @@ def make_plan(
     return plan_for(shape)
 
 
-# A job's token statistics measured now (core.data.measure: {"status": "ready", ...} or failed(...)).
+# A job's token statistics measured now (models.token_stats: {"status": "ready", ...} or failed(...)).
 Measure = Callable[[JobSpec], dict[str, Any]]
 # The smallest micro-batch there is: if even it does not fit, no data's lengths can make the job fit.
 SMALLEST = BatchShape(tokens=1, seq_len=1, targets=1)
-
-
-def stats_request(
-    session: Session, *, catalog: Catalog, storage: Storage, spec: JobSpec, job_id: str
-) -> StatsRequest:
-    """What measuring a job's token statistics needs, resolved from its spec's ids (never a user's paths)."""
-    dataset = datasets_db.get_dataset(session, spec.dataset_id)
-    return StatsRequest(
-        job_id=job_id,
-        model_dir=catalog.get(spec.base_model).path,
-        dataset_path=storage.dataset_path(spec.dataset_id),
-        column_mapping=dataset.report.get("column_mapping") if dataset is not None else None,
-        spec_json=spec.model_dump_json(),
-    )
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def create_job(
         cancel_requested=False,
         step=0,
         predicted_peak_bytes=predicted_peak_bytes,
-        token_stats=PENDING,  # computed by a CPU worker (worker.token_stats) or at training start
+        token_stats=PENDING,  # measured by a CPU worker or at training start (models.token_stats)
     )
     session.add(job)
     session.flush()

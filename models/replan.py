@@ -6,6 +6,7 @@ the data's largest micro-batch (core.planner.BatchShape); the job is then planne
 admission plans (on the fleet, or FTUNE_PLAN_GPU). admission-plan.json keeps the admission plan;
 plan.json, the job's predicted peak and a `replanned` event carry the new one. Placement plans from the
 same shape on the worker that claims the job (models.placement), and that plan is the one it runs under.
+Called by models.token_stats once it has stored a job's statistics.
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 (`ftune jobs submit`) and the OpenAI-shaped surface.
 
 Quota, admission (dataset, model, plan), the Job row and its plan file in one transaction; after the
-commit, the job's token statistics are asked for and a worker is woken. Both publishers are injected
-(core.queues.Enqueuer on the broker, or a test's double), so this module knows no broker.
+commit, the job's token statistics are asked for (unless admission measured them: models.token_stats)
+and a worker is woken. Both publishers are injected (core.queues.Enqueuer on the broker, or a test's
+double), so this module knows no broker.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,17 +16,16 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.catalog import Catalog
-from core.data.measure import subprocess_compute
-from core.data.token_stats import failed
 from core.errors import RateLimited
 from core.settings import Settings
 from core.spec import JobSpec
 from core.storage import Storage, atomic_write_text, new_id
 from models import jobs as jobs_db
 from models import tenants as tenants_db
-from models.admission import Measure, admit, stats_request
+from models.admission import admit
 from models.db import session_scope
 from models.tables import Job
+from models.token_stats import measure_at_admission
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ def submit_job(
                 retry_after=60,
                 code="too_many_jobs",
             )
-        measure = _measure_now(s, catalog=catalog, storage=storage, job_id=job_id, settings=settings)
+        measure = measure_at_admission(s, catalog=catalog, storage=storage, job_id=job_id, settings=settings)
         admitted = admit(
             s, catalog=catalog, spec=spec, tenant_id=tenant_id, plan_gpu=settings.plan_gpu, measure=measure
         )
@@ -88,19 +87,3 @@ def submit_job(
         request_token_stats(job_id)
     enqueue(job_id)
     return job
-
-
-def _measure_now(
-    session: Session, *, catalog: Catalog, storage: Storage, job_id: str, settings: Settings
-) -> Measure | None:
-    """Admission's measurement of a job's token statistics (its worst case did not fit), bounded by
-    settings.admission_measure_seconds (0: never; the worst case decides)."""
-    if settings.admission_measure_seconds <= 0:
-        return None
-    compute = subprocess_compute(settings.admission_measure_seconds)
-
-    def measure(spec: JobSpec) -> dict[str, Any]:
-        request = stats_request(session, catalog=catalog, storage=storage, spec=spec, job_id=job_id)
-        return compute(request, threading.Event()) or failed("stopped", "the measurement was stopped")
-
-    return measure

@@ -11,7 +11,9 @@ steps_per_epoch, examples_per_micro_batch and run_epochs, and exits 0. With obje
 preference pair (training.preference.pair_stats: also prompt_p50/p95/max, completion_p50/p95/max,
 truncated and kind "preference"). On an error it prints
 {"error": {"code", "message"}} and exits 1. Loads the tokenizer only (no weights), never with remote
-code; the API passes paths it resolved from ids, never a user's.
+code; its launcher (models.token_stats, which says who runs it when) passes paths it resolved from ids,
+never a user's. Importing this module is cheap (the standard library only; torch and training's
+modules are imported by compute): the launcher imports it for its name.
 """
 
 from __future__ import annotations

@@ -9,16 +9,15 @@ from typing import Any
 
 from celery.signals import worker_ready, worker_shutting_down
 
-from core.data.measure import subprocess_compute
 from core.queues import TOKEN_STATS, Enqueuer, class_queue
 from core.settings import get_settings
 from models import workers as workers_db
 from models.db import make_engine, make_session_factory, session_scope
+from models.token_stats import compute_and_store, subprocess_compute
 from worker import runner
 from worker.celery_app import DELIVER_WEBHOOKS, QUEUE, REAP, RUN_JOB, app
 from worker.dispatch import pass_on, refresh_waiting
 from worker.reaper import reap, release_predecessor
-from worker.token_stats import compute_and_store
 from worker.webhooks import deliver_due
 
 log = logging.getLogger(__name__)

@@ -1,12 +1,17 @@
-"""Token statistics of a job's dataset against its base model's tokenizer: the stored shape and the
-one-line summary shown in the job's events.
+"""Token statistics of a job's dataset against its base model's tokenizer: the records.
 
-Computed when the job is created (`python -m training.token_stats`, run by the API in the background)
-and, if that did not finish, filled from training's "start" record (worker.runner).
+What jobs.token_stats holds (TokenStats), the one-line summary shown in the job's events, and what a
+measurement is asked (StatsRequest) and answers (Compute). Pure, so the planner reads them
+(core.planner.BatchShape.from_token_stats). Who measures them, when, and in which process is told once, in
+models.token_stats; the counting itself is training.token_stats.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -73,6 +78,22 @@ class TokenStats(BaseModel):
 
 
 PENDING: dict[str, Any] = {"status": "pending"}
+
+
+@dataclass(frozen=True)
+class StatsRequest:
+    """Everything the computation needs, resolved from ids (the job's row, or a job being admitted)."""
+
+    job_id: str  # for the log: the job's id, or "admission"
+    model_dir: Path
+    dataset_path: Path
+    column_mapping: dict[str, str] | None
+    spec_json: str
+
+
+# Returns the value to store ({"status": "ready", ...} or failed(...)), or None when stopped by a shutdown
+# (nothing is stored: the job stays "pending" for training's start to fill).
+Compute = Callable[[StatsRequest, threading.Event], dict[str, Any] | None]
 
 
 def failed(code: str, message: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 
 from core.arch import load_architecture
 from core.catalog import Catalog
-from core.data.measure import StatsRequest
+from core.data.token_stats import StatsRequest
 from core.planner import BatchShape, Plan
 from core.planner.feasibility import plan_on
 from core.planner.gpus import resolve_gpu
@@ -21,8 +21,8 @@ from core.storage import Storage
 from models import jobs as jobs_db
 from models.db import session_scope
 from models.tables import Dataset, Job
+from models.token_stats import compute_and_store
 from tests.worker.runner_env import job_in_db
-from worker.token_stats import compute_and_store
 
 MAPPING = {"question": "prompt", "answer": "completion"}
 READY = {"status": "ready", "count": 4, "p50": 10, "p95": 12, "max": 12, "over_max_seq_len": 0}
