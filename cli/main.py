@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from core.settings import Settings, get_settings
@@ -270,5 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Everything ftune writes (the database with its webhook secrets and API key hashes, datasets,
+    # adapters, the broker's files) is for this user alone: directories 0700, files 0600. Children
+    # (workers, training, the broker) inherit the mask.
+    os.umask(0o077)
     args = build_parser().parse_args(argv)
     return int(args.fn(args) or 0)

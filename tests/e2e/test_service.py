@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -151,6 +152,23 @@ def test_make_up_trains_qlora_and_lora_then_stops_cleanly(up: Up, models_dir: Pa
     except BaseException:
         print(up.tail())
         raise
+
+
+def test_make_up_keeps_its_files_and_its_broker_to_itself(up: Up) -> None:
+    """The data directory is 0700 and what ftune writes there 0600 (the database holds webhook secrets);
+    the embedded broker wants the password made for this start, which no log shows."""
+    import redis
+
+    data = up.tmp / "data"
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    for name in ("ftune.db", "broker-url", "local-admin-key"):
+        assert stat.S_IMODE((data / name).stat().st_mode) == 0o600, name
+    url = (data / "broker-url").read_text().strip()
+    password = redis.Redis.from_url(url).connection_pool.connection_kwargs["password"]
+    assert password and password not in up.log.read_text()
+    assert redis.Redis.from_url(url).ping()
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis.from_url(url.replace(f":{password}@", "")).ping()
 
 
 @pytest.mark.skipif(not reachable("127.0.0.1", 6379), reason="Redis is not running on 127.0.0.1:6379")
