@@ -12,6 +12,10 @@ worker busy for days or a planner asked about absurd sizes:
 - weight_decay <= 1, max_grad_norm <= 1000, lora_dropout < 0.9, num_gpus <= 256.
 - at most 64 target modules; no NaN or infinity anywhere (they are not JSON either).
 - before/after samples: at most 32 prompts of at most 4000 characters (16 messages), 1-512 new tokens.
+
+Code reads the fields of one idea through its group (core.spec_groups): spec.lora, spec.optim, spec.data,
+spec.batch, spec.preference, spec.samples, spec.placement, typed views that hold the checks across fields
+and the values derived from them (the effective batch, whether a reference policy runs, ...).
 """
 
 from __future__ import annotations
@@ -21,38 +25,67 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from core.spec_groups import (
+    DPO_FIELDS,
+    MAX_SAMPLE_CHARS,
+    MAX_SAMPLE_MESSAGES,
+    MAX_SAMPLE_PROMPTS,
+    MODULE_NAME_RE,
+    SAMPLE_ROLES,
+    SFT,
+    AttnImpl,
+    BatchArgs,
+    DataArgs,
+    LoraArgs,
+    LossType,
+    Method,
+    MixedPrecision,
+    Objective,
+    OptimArgs,
+    Optimizer,
+    OverLength,
+    PlacementArgs,
+    PreferenceArgs,
+    SampleArgs,
+    SampleMessage,
+    SamplePrompt,
+    Scheduler,
+    TorchDtype,
+)
+
+__all__ = [
+    "DPO_FIELDS",
+    "ID_RE",
+    "MAX_SAMPLE_CHARS",
+    "MAX_SAMPLE_MESSAGES",
+    "MAX_SAMPLE_PROMPTS",
+    "MODEL_NAME_RE",
+    "MODULE_NAME_RE",
+    "SAMPLE_ROLES",
+    "AttnImpl",
+    "BatchArgs",
+    "DataArgs",
+    "JobSpec",
+    "LoraArgs",
+    "LossType",
+    "Method",
+    "MixedPrecision",
+    "Objective",
+    "OptimArgs",
+    "Optimizer",
+    "OverLength",
+    "PlacementArgs",
+    "PreferenceArgs",
+    "SampleArgs",
+    "SampleMessage",
+    "SamplePrompt",
+    "Scheduler",
+    "TorchDtype",
+]
+
 # Base model names: a local directory name or a hub-style "org/name" id. Never a path.
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 ID_RE = re.compile(r"^[a-z0-9]{8,64}$")
-MODULE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
-
-Method = Literal["lora", "qlora", "full"]
-Optimizer = Literal["adamw", "adamw_8bit", "paged_adamw_8bit"]
-Scheduler = Literal["constant", "linear", "cosine"]
-TorchDtype = Literal["auto", "float32", "bfloat16", "float16"]
-MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
-AttnImpl = Literal["sdpa", "eager", "flash_attention_2"]
-OverLength = Literal["truncate", "drop"]
-Objective = Literal["sft", "dpo"]
-LossType = Literal["sigmoid", "ipo", "simpo"]
-# Fields for objective "dpo" only: a value other than the default is refused with "sft".
-DPO_FIELDS = ("beta", "loss_type", "simpo_gamma", "rpo_alpha")
-# Before/after samples (training.samples): bounded so sampling stays a small share of a job's time.
-MAX_SAMPLE_PROMPTS = 32
-MAX_SAMPLE_CHARS = 4000
-MAX_SAMPLE_MESSAGES = 16
-SAMPLE_ROLES = ("system", "user", "assistant")
-
-
-class SampleMessage(BaseModel):
-    """One chat message of a sample prompt (core.data's roles; the last message is a user turn)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    role: Literal["system", "user", "assistant"]
-    content: str
-
-
-SamplePrompt = str | list[SampleMessage]
 
 
 class JobSpec(BaseModel):
@@ -89,20 +122,29 @@ class JobSpec(BaseModel):
     )
 
     # Preference tuning (README "Preference tuning (DPO)"): the objective, its loss and its reference.
+    # The defaults are PreferenceArgs' (SFT), which the check of dpo-only fields compares with.
     objective: Objective = Field(
-        "sft",
+        SFT.objective,
         description="sft: next-token loss on the targets; dpo: preference pairs (a preference dataset).",
     )
     beta: float = Field(
-        0.1, gt=0, le=100, description="dpo: how far from the reference (sigmoid, simpo), IPO's tau (ipo)."
+        SFT.beta,
+        gt=0,
+        le=100,
+        description="dpo: how far from the reference (sigmoid, simpo), IPO's tau (ipo).",
     )
     loss_type: LossType = Field(
-        "sigmoid",
+        SFT.loss_type,
         description="dpo: sigmoid (the DPO paper), ipo, or simpo (reference-free, length-normalised).",
     )
-    simpo_gamma: float = Field(0.5, ge=0, le=100, description="simpo: the target reward margin gamma.")
+    simpo_gamma: float = Field(
+        SFT.simpo_gamma, ge=0, le=100, description="simpo: the target reward margin gamma."
+    )
     rpo_alpha: float = Field(
-        0.0, ge=0, le=100, description="dpo: weight of an added NLL term on the chosen completions (RPO)."
+        SFT.rpo_alpha,
+        ge=0,
+        le=100,
+        description="dpo: weight of an added NLL term on the chosen completions (RPO).",
     )
     init_from: str | None = Field(
         None,
@@ -176,6 +218,9 @@ class JobSpec(BaseModel):
         0, ge=-100, le=100, description="Order among this tenant's own queued jobs: higher first, then FIFO."
     )
 
+    # Checks of one field (loc: the field), then the checks across fields (loc: the spec), each the
+    # check of its group (core.spec_groups), in this order: a spec with several problems reports the first.
+
     @field_validator("base_model")
     @classmethod
     def _model_name(cls, v: str) -> str:
@@ -204,128 +249,128 @@ class JobSpec(BaseModel):
             raise ValueError("must be the id of an earlier job (GET /jobs)")
         return v
 
-    @model_validator(mode="after")
-    def _init_from_step(self) -> JobSpec:
-        if self.init_from_step is not None and self.init_from is None:
-            raise ValueError("init_from_step needs init_from (the job whose checkpoint to continue from)")
-        return self
+    @field_validator("lora_target_modules")
+    @classmethod
+    def _modules(cls, v: list[str] | str) -> list[str] | str:
+        return LoraArgs.check_target_modules(v)
 
     @field_validator("sample_prompts", mode="before")
     @classmethod
     def _sample_prompts(cls, v: Any) -> Any:
-        # Checked by hand, before pydantic's union, so that each problem is one clear message.
-        if isinstance(v, int) and not isinstance(v, bool):
-            if not 0 <= v <= MAX_SAMPLE_PROMPTS:
-                raise ValueError(f"a number of prompts must be 0-{MAX_SAMPLE_PROMPTS}")
-            return v
-        if not isinstance(v, list):
-            raise ValueError(f"must be a number of prompts (0-{MAX_SAMPLE_PROMPTS}) or a list of prompts")
-        if not 1 <= len(v) <= MAX_SAMPLE_PROMPTS:
-            raise ValueError(f"a list must hold 1-{MAX_SAMPLE_PROMPTS} prompts, not {len(v)}")
-        return [_check_sample_prompt(i, p) for i, p in enumerate(v)]
-
-    @model_validator(mode="after")
-    def _samples(self) -> JobSpec:
-        if self.sample_at_eval and not self.sample_prompts:
-            raise ValueError("sample_at_eval needs sample_prompts")
-        if self.sample_at_eval and not self.has_validation:
-            raise ValueError("sample_at_eval needs validation_fraction or validation_dataset_id")
-        return self
-
-    @model_validator(mode="after")
-    def _objective_fields(self) -> JobSpec:
-        if self.objective == "sft":
-            # Only values other than the defaults (a spec read back from JSON has every field set).
-            odd = [f for f in DPO_FIELDS if getattr(self, f) != _DEFAULTS[f]]
-            if odd:
-                raise ValueError(f"{', '.join(odd)} apply to objective 'dpo' only")
-            return self
-        if self.train_on_inputs:
-            raise ValueError("train_on_inputs applies to objective 'sft' only (dpo trains the completions)")
-        if self.simpo_gamma != _DEFAULTS["simpo_gamma"] and self.loss_type != "simpo":
-            raise ValueError("simpo_gamma applies to loss_type 'simpo' only")
-        return self
-
-    @property
-    def uses_reference(self) -> bool:
-        """DPO's sigmoid and ipo losses compare with a reference policy; simpo and sft have none."""
-        return self.objective == "dpo" and self.loss_type != "simpo"
-
-    @property
-    def sequences_per_example(self) -> int:
-        """A preference pair is two sequences (prompt + chosen, prompt + rejected)."""
-        return 2 if self.objective == "dpo" else 1
-
-    @model_validator(mode="after")
-    def _one_validation_source(self) -> JobSpec:
-        if self.validation_fraction and self.validation_dataset_id:
-            raise ValueError("set validation_fraction or validation_dataset_id, not both")
-        if self.early_stopping_patience and not self.has_validation:
-            raise ValueError("early_stopping_patience needs validation_fraction or validation_dataset_id")
-        return self
-
-    @property
-    def has_validation(self) -> bool:
-        return bool(self.validation_fraction or self.validation_dataset_id)
-
-    def warmup_steps_for(self, total_steps: int) -> int:
-        if self.warmup_ratio is not None:
-            return round(self.warmup_ratio * total_steps)
-        return self.warmup_steps
-
-    @field_validator("lora_target_modules")
-    @classmethod
-    def _modules(cls, v: list[str] | str) -> list[str] | str:
-        if isinstance(v, list):
-            if not v:
-                raise ValueError("must name at least one module, or be 'all-linear'")
-            bad = [m for m in v if not MODULE_NAME_RE.match(m)]
-            if bad:
-                raise ValueError(f"invalid module names: {bad}")
-        return v
+        return SampleArgs.check_prompts(v)
 
     @model_validator(mode="before")
     @classmethod
     def _method_defaults(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("gradient_checkpointing") is None:
-            data = {**data, "gradient_checkpointing": data.get("method") == "qlora"}
+            data = {**data, "gradient_checkpointing": PlacementArgs.default_checkpointing(data.get("method"))}
         return data
+
+    @model_validator(mode="after")
+    def _groups(self) -> JobSpec:
+        self.lora.check()
+        self.samples.check(has_validation=self.data.has_validation)
+        self.preference.check(train_on_inputs=self.train_on_inputs)
+        self.data.check()
+        return self
+
+    # The groups (core.spec_groups): read-only views of the fields above, built on each access.
+
+    @property
+    def lora(self) -> LoraArgs:
+        return LoraArgs(
+            method=self.method,
+            r=self.lora_r,
+            alpha=self.lora_alpha,
+            dropout=self.lora_dropout,
+            target_modules=self.lora_target_modules,
+            init_from=self.init_from,
+            init_from_step=self.init_from_step,
+        )
+
+    @property
+    def optim(self) -> OptimArgs:
+        return OptimArgs(
+            optimizer=self.optimizer,
+            learning_rate=self.learning_rate,
+            lr_scheduler=self.lr_scheduler,
+            warmup_steps=self.warmup_steps,
+            warmup_ratio=self.warmup_ratio,
+            weight_decay=self.weight_decay,
+            max_grad_norm=self.max_grad_norm,
+        )
+
+    @property
+    def data(self) -> DataArgs:
+        return DataArgs(
+            dataset_id=self.dataset_id,
+            validation_dataset_id=self.validation_dataset_id,
+            validation_fraction=self.validation_fraction,
+            eval_every_steps=self.eval_every_steps,
+            early_stopping_patience=self.early_stopping_patience,
+            early_stopping_min_delta=self.early_stopping_min_delta,
+            max_seq_len=self.max_seq_len,
+            over_length=self.over_length,
+            train_on_inputs=self.train_on_inputs,
+        )
+
+    @property
+    def batch(self) -> BatchArgs:
+        return BatchArgs(
+            micro_batch_size=self.micro_batch_size,
+            gradient_accumulation_steps=self.gradient_accumulation_steps,
+            num_gpus=self.num_gpus,
+            max_seq_len=self.max_seq_len,
+            packing=self.packing,
+            sequences_per_example=self.preference.sequences_per_example,
+        )
+
+    @property
+    def preference(self) -> PreferenceArgs:
+        return PreferenceArgs(
+            objective=self.objective,
+            beta=self.beta,
+            loss_type=self.loss_type,
+            simpo_gamma=self.simpo_gamma,
+            rpo_alpha=self.rpo_alpha,
+        )
+
+    @property
+    def samples(self) -> SampleArgs:
+        return SampleArgs(
+            prompts=self.sample_prompts, max_tokens=self.sample_max_tokens, at_eval=self.sample_at_eval
+        )
+
+    @property
+    def placement(self) -> PlacementArgs:
+        return PlacementArgs(
+            num_gpus=self.num_gpus,
+            torch_dtype=self.torch_dtype,
+            mixed_precision=self.mixed_precision,
+            master_weights=self.master_weights,
+            attn_implementation=self.attn_implementation,
+            gradient_checkpointing=bool(self.gradient_checkpointing),
+        )
+
+    # Shorthands for the edges (the API, the database layer), each one of a group's values.
+
+    @property
+    def uses_reference(self) -> bool:
+        """DPO's sigmoid and ipo losses compare with a reference policy (PreferenceArgs.uses_reference)."""
+        return self.preference.uses_reference
+
+    @property
+    def sequences_per_example(self) -> int:
+        """A preference pair is two sequences (PreferenceArgs.sequences_per_example)."""
+        return self.preference.sequences_per_example
+
+    @property
+    def has_validation(self) -> bool:
+        return self.data.has_validation
+
+    def warmup_steps_for(self, total_steps: int) -> int:
+        return self.optim.warmup_steps_for(total_steps)
 
     @property
     def effective_batch_size(self) -> int:
-        return self.micro_batch_size * self.gradient_accumulation_steps * self.num_gpus
-
-
-def _check_sample_prompt(i: int, p: Any) -> Any:
-    """One prompt of sample_prompts (a string, or chat messages ending with a user turn), as given."""
-    where = f"prompt {i}"
-    if isinstance(p, str):
-        if not p.strip():
-            raise ValueError(f"{where} is empty")
-        if len(p) > MAX_SAMPLE_CHARS:
-            raise ValueError(f"{where} is over {MAX_SAMPLE_CHARS} characters")
-        return p
-    if not isinstance(p, list) or not p:
-        raise ValueError(f"{where} must be a string or a non-empty list of chat messages")
-    if len(p) > MAX_SAMPLE_MESSAGES:
-        raise ValueError(f"{where} has over {MAX_SAMPLE_MESSAGES} messages")
-    total = 0
-    for j, m in enumerate(p):
-        if isinstance(m, SampleMessage):
-            m = m.model_dump()
-        if not isinstance(m, dict) or set(m) != {"role", "content"}:
-            raise ValueError(f"{where}, message {j} must be an object with role and content only")
-        if m["role"] not in SAMPLE_ROLES:
-            raise ValueError(f"{where}, message {j}: role must be one of {', '.join(SAMPLE_ROLES)}")
-        if not isinstance(m["content"], str) or not m["content"].strip():
-            raise ValueError(f"{where}, message {j}: content must be a non-empty string")
-        total += len(m["content"])
-    if total > MAX_SAMPLE_CHARS:
-        raise ValueError(f"{where} is over {MAX_SAMPLE_CHARS} characters")
-    last = p[-1].role if isinstance(p[-1], SampleMessage) else p[-1]["role"]
-    if last != "user":
-        raise ValueError(f"{where} must end with a user message")
-    return p
-
-
-_DEFAULTS = {f: JobSpec.model_fields[f].default for f in DPO_FIELDS}
+        return self.batch.effective_size

@@ -37,23 +37,14 @@ GROUP_STEPS = 32  # padded: steps sorted by length together; bigger = less paddi
 GROUP_ROWS = 128  # packed: rows packed together; bigger = fuller rows, less randomness
 
 
-def step_rows(spec: JobSpec) -> int:
-    """Rows in a step's global batch: the effective batch size."""
-    return spec.micro_batch_size * spec.gradient_accumulation_steps * spec.num_gpus
-
-
-def row_capacity(spec: JobSpec) -> int:
-    """Tokens a packed row holds: max_seq_len per sequence of an example (a preference pair has two)."""
-    return spec.max_seq_len * spec.sequences_per_example
-
-
 def epoch_steps(spec: JobSpec, lengths: Sequence[int], epoch: int) -> list[Step]:
     """The global batches of one epoch's optimizer steps."""
     rng = np.random.default_rng([spec.seed, epoch])
     order = rng.permutation(len(lengths)).tolist()
-    size = step_rows(spec)
-    if spec.packing:
-        rows = _packed_rows(order, lengths, row_capacity(spec), rng)
+    batch = spec.batch
+    size = batch.effective_size
+    if batch.packing:
+        rows = _packed_rows(order, lengths, batch.row_capacity, rng)
         steps = [rows[j : j + size] for j in range(0, len(rows), size)]
     else:
         steps = _padded_steps(order, lengths, size)
@@ -109,7 +100,7 @@ def total_steps(spec: JobSpec, lengths: Sequence[int]) -> int:
     if spec.max_steps is not None:
         return spec.max_steps
     if not spec.packing:
-        return spec.epochs * math.ceil(len(lengths) / step_rows(spec))
+        return spec.epochs * math.ceil(len(lengths) / spec.batch.effective_size)
     return sum(len(epoch_steps(spec, lengths, e)) for e in range(spec.epochs))
 
 
@@ -134,9 +125,10 @@ def largest_micro_batch(
     epochs = SHAPE_EPOCHS if spec.max_steps is not None else min(spec.epochs, SHAPE_EPOCHS)
     steps = (step for epoch in range(epochs) for step in epoch_steps(spec, lengths, epoch))
     tokens = scored = 0
+    per_example = spec.batch.sequences_per_example
     for step in islice(steps, spec.max_steps):
         for micro in split_step(spec, lengths, step):
-            rows = len(micro) * spec.sequences_per_example
+            rows = len(micro) * per_example
             padded = rows * padded_width(max(widths[i] for i in micro), spec.max_seq_len)
             tokens = max(tokens, sum(lengths[i] for i in micro) if spec.packing else padded)
             scored = max(scored, sum(targets[i] for i in micro))

@@ -104,8 +104,8 @@ def _write_state(
         "position": vars(pos),
         "optimizer": opt_json,
         "scheduler": {
-            "name": parts.spec.lr_scheduler,
-            "warmup_steps": parts.spec.warmup_steps_for(total_steps),
+            "name": parts.spec.optim.lr_scheduler,
+            "warmup_steps": parts.spec.optim.warmup_steps_for(total_steps),
             "total_steps": total_steps,
             "step": pos.step,
         },

@@ -133,7 +133,7 @@ def micro_batch_loss(
     The reference forward runs first, without grad, then the policy's."""
     spec = parts.spec
     ref = None
-    if spec.uses_reference:
+    if spec.preference.uses_reference:
         with torch.no_grad(), reference_policy(parts.model):
             ref, _ = sequence_logps(parts, batch, 2 * n_pairs)
     logps, counts = sequence_logps(parts, batch, 2 * n_pairs)

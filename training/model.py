@@ -157,7 +157,7 @@ def attach_trained_lora(model, spec: JobSpec, adapter_dir: Path):
     config.inference_mode = False
     model = get_peft_model(model, config)
     _load_adapter_weights(model, weights, "default", set_peft_model_state_dict)
-    if spec.uses_reference:
+    if spec.preference.uses_reference:
         ref.lora_dropout, ref.inference_mode = 0.0, True
         model.add_adapter(REF_ADAPTER, ref)
         _load_adapter_weights(model, weights, REF_ADAPTER, set_peft_model_state_dict)

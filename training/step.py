@@ -71,12 +71,13 @@ class StepResult:
 
 
 def make_optimizer(spec: JobSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    kwargs = {"lr": spec.learning_rate, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": spec.weight_decay}
-    if spec.optimizer == "adamw":
+    o = spec.optim
+    kwargs = {"lr": o.learning_rate, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": o.weight_decay}
+    if o.optimizer == "adamw":
         return torch.optim.AdamW(params, **kwargs)  # type: ignore[arg-type]
     import bitsandbytes as bnb
 
-    if spec.optimizer == "adamw_8bit":
+    if o.optimizer == "adamw_8bit":
         return bnb.optim.AdamW8bit(params, **kwargs)
     return bnb.optim.PagedAdamW8bit(params, **kwargs)
 
@@ -87,15 +88,16 @@ def lr_at(spec: JobSpec, step: int, total: int) -> float:
     Warmup ramps linearly so the first step already moves (lr/warmup, not 0); decay then goes
     linearly or along a half cosine towards 0 at `total`.
     """
-    warmup = spec.warmup_steps_for(total)
+    o = spec.optim
+    warmup = o.warmup_steps_for(total)
     if step < warmup:
-        return spec.learning_rate * (step + 1) / warmup
-    if spec.lr_scheduler == "constant":
-        return spec.learning_rate
+        return o.learning_rate * (step + 1) / warmup
+    if o.lr_scheduler == "constant":
+        return o.learning_rate
     progress = (step - warmup) / max(1, total - warmup)
-    if spec.lr_scheduler == "linear":
-        return spec.learning_rate * max(0.0, 1.0 - progress)
-    return spec.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    if o.lr_scheduler == "linear":
+        return o.learning_rate * max(0.0, 1.0 - progress)
+    return o.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
 def make_batch(spec: JobSpec, items: Sequence[Tokenized], indices: Sequence[int], pad_id: int) -> Batch:
@@ -155,7 +157,7 @@ def optimizer_step(parts: Parts, lr: float) -> torch.Tensor:
     host sync here: the step reads it with its loss, once)."""
     if parts.scaler:
         parts.scaler.unscale_(parts.optimizer)
-    limit = parts.spec.max_grad_norm if parts.spec.max_grad_norm is not None else math.inf
+    limit = parts.spec.optim.clip_norm  # infinity: clipping off
     # clip_grad_norm_ in two parts, so the norm of sharded gradients is made whole (all ranks) first
     norm = torch.nn.utils.get_total_norm([p.grad for p in parts.params if p.grad is not None])
     norm = distributed.whole(norm)

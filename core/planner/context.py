@@ -88,11 +88,6 @@ def fused_loss(
     return runtime.fused_loss and not head_trained and arch.model_type not in SOFTCAPPED
 
 
-def worst_case_tokens(spec: JobSpec) -> int:
-    """Tokens of a micro-batch whose every sequence is max_seq_len long (dpo: a pair is two sequences)."""
-    return spec.micro_batch_size * spec.sequences_per_example * spec.max_seq_len
-
-
 def plan_context(
     spec: JobSpec, arch: Architecture, gpu: Gpu, runtime: Runtime, shape: BatchShape | None = None
 ) -> Context:
@@ -129,6 +124,7 @@ def plan_context(
         # peft keeps adapters in fp32; a half model's framework casts them and keeps fp32 master copies
         trainable_b = sb if half_model else 4
         master, state_b = (4 if half_model else 0), 4
+    worst = spec.batch.worst_case_tokens  # every sequence max_seq_len long (dpo: a pair is two)
     return Context(
         spec=spec,
         arch=arch,
@@ -138,9 +134,9 @@ def plan_context(
         lora=lora,
         trainable=trainable,
         # never more than the worst case: a shape from other settings' statistics cannot raise it
-        tokens=min(shape.tokens, worst_case_tokens(spec)) if shape else worst_case_tokens(spec),
+        tokens=min(shape.tokens, worst) if shape else worst,
         seq_len=min(shape.seq_len, spec.max_seq_len) if shape else spec.max_seq_len,
-        logit_tokens=min(shape.targets, worst_case_tokens(spec)) if shape else worst_case_tokens(spec),
+        logit_tokens=min(shape.targets, worst) if shape else worst,
         shape=shape,
         shard=f" / {n} GPUs (FSDP shard)" if n > 1 else "",
         store=store,

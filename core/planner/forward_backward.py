@@ -70,7 +70,7 @@ def forward_backward_terms(c: Context) -> list[Term]:
         terms += idle(loss_phase, "a layer's backward is larger") + layer_phase
     if c.spec.num_gpus > 1:
         terms += _fsdp_terms(c)
-    if c.spec.uses_reference:
+    if c.spec.preference.uses_reference:
         terms.append(reference_logps_term(c))
     return terms
 
@@ -129,7 +129,7 @@ def loss_buffer_bytes(c: Context) -> int:
 def activation_setup(c: Context) -> ActivationSetup:
     """What decides the tensors a block saves, for this plan."""
     spec = c.spec
-    b = spec.micro_batch_size * spec.sequences_per_example
+    b = spec.batch.micro_sequences
     gqa = c.arch.num_kv_heads != c.arch.num_heads
     # packed rows on a GPU in half precision: a varlen call that repeats k and v (Runtime.varlen_gqa)
     varlen_repeats = (
@@ -156,7 +156,7 @@ def micro_batch_sequences(c: Context) -> int:
     them (PACKED_EXAMPLE_TOKENS each, or the widest example's length when that is shorter)."""
     spec = c.spec
     if not spec.packing:
-        return spec.micro_batch_size * spec.sequences_per_example
+        return spec.batch.micro_sequences
     return max(1, -(-c.tokens // min(PACKED_EXAMPLE_TOKENS, max(1, c.seq_len))))
 
 

@@ -25,8 +25,9 @@ def peak_plan(
     c = plan_context(spec, arch, gpu, runtime, shape)
     persistent = persistent_terms(c) + workspace_terms(c, gpu.name)
     # The phases of a step, one at a time; the largest makes the peak, the others are listed at 0.
+    reference = spec.preference.uses_reference  # dpo's reference forward, before the policy's
     phases = {
-        "reference forward": reference_terms(c) if spec.uses_reference else [],  # dpo, before the policy's
+        "reference forward": reference_terms(c) if reference else [],
         "forward/backward": forward_backward_terms(c),
         "step": step_terms(c),
     }

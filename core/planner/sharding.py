@@ -14,7 +14,7 @@ from core.spec import JobSpec
 
 def fsdp_problem(spec: JobSpec) -> tuple[str, str] | None:
     """(param, reason) if the spec cannot run with num_gpus > 1, else None."""
-    if spec.num_gpus == 1:
+    if not spec.placement.sharded:
         return None
     if spec.optimizer != "adamw":
         return "optimizer", (

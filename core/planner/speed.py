@@ -24,7 +24,7 @@ def epoch_seconds(
     fwd = f_lin + f_attn
     bwd = 2 * fwd if spec.method == "full" else f_lin + 2 * f_attn + 6 * trainable
     per_token = fwd + bwd + (fwd if spec.gradient_checkpointing else 0)
-    per_token += fwd if spec.uses_reference else 0  # dpo: the reference policy's forward
+    per_token += fwd if spec.preference.uses_reference else 0  # dpo: the reference policy's forward
     mfu = MFU[spec.method]
     seconds = per_token * tokens / (spec.num_gpus * gpu.bf16_flops * mfu)
     return seconds, (

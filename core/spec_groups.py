@@ -1,0 +1,331 @@
+"""JobSpec's fields in groups: typed read-only views of the flat spec, with their checks and derived values.
+
+The wire format stays one flat object (core.spec.JobSpec: what a curl user writes, what the database and
+run.json hold); code that reads several fields of one idea reads that idea's view instead, as litgpt's
+TrainArgs and EvalArgs group a training script's arguments:
+
+  spec.lora        LoraArgs: method, the adapter's shape, what it starts from (init_from, init_from_step)
+  spec.optim       OptimArgs: optimizer, learning rate and its schedule, weight decay, gradient clipping
+  spec.data        DataArgs: the dataset, what is held out to evaluate on, how examples are rendered
+  spec.batch       BatchArgs: what one optimizer step trains (micro-batch, accumulation, ranks, rows)
+  spec.preference  PreferenceArgs: the objective (sft or dpo) and DPO's loss
+  spec.samples     SampleArgs: before/after sample prompts
+  spec.placement   PlacementArgs: devices, precision, attention, activation checkpointing
+
+A view is built from the spec's fields on each access (a frozen dataclass; the spec stays the one
+store). Per-field bounds stay on the flat fields, where the JSON schema shows them; the checks that
+read more than one field live here, and JobSpec's validators call them in a fixed order, so a spec
+with several problems reports the same first one, with the same message at the same loc, as before.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+MODULE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
+
+Method = Literal["lora", "qlora", "full"]
+Optimizer = Literal["adamw", "adamw_8bit", "paged_adamw_8bit"]
+Scheduler = Literal["constant", "linear", "cosine"]
+TorchDtype = Literal["auto", "float32", "bfloat16", "float16"]
+MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
+AttnImpl = Literal["sdpa", "eager", "flash_attention_2"]
+OverLength = Literal["truncate", "drop"]
+Objective = Literal["sft", "dpo"]
+LossType = Literal["sigmoid", "ipo", "simpo"]
+TargetModules = list[str] | Literal["all-linear"]
+
+# Before/after samples (training.samples): bounded so sampling stays a small share of a job's time.
+MAX_SAMPLE_PROMPTS = 32
+MAX_SAMPLE_CHARS = 4000
+MAX_SAMPLE_MESSAGES = 16
+SAMPLE_ROLES = ("system", "user", "assistant")
+
+
+class SampleMessage(BaseModel):
+    """One chat message of a sample prompt (core.data's roles; the last message is a user turn)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+SamplePrompt = str | list[SampleMessage]
+
+
+@dataclass(frozen=True)
+class LoraArgs:
+    """The adapter a job trains (method lora, or qlora on a 4-bit NF4 base; full trains the whole model
+    and is planned only), its shape, and what it starts from: a fresh adapter, or the adapter of an
+    earlier job (init_from), at one of its checkpoints (init_from_step)."""
+
+    method: Method
+    r: int
+    alpha: float
+    dropout: float
+    target_modules: TargetModules
+    init_from: str | None
+    init_from_step: int | None
+
+    @property
+    def full(self) -> bool:
+        """Method full: every parameter is trained, no adapter."""
+        return self.method == "full"
+
+    @property
+    def quantized(self) -> bool:
+        """Method qlora: the frozen base is 4-bit NF4."""
+        return self.method == "qlora"
+
+    @property
+    def scaling(self) -> float:
+        """What the adapter's product is multiplied by (peft's lora_alpha / r)."""
+        return self.alpha / self.r
+
+    @staticmethod
+    def check_target_modules(v: list[str] | str) -> list[str] | str:
+        """lora_target_modules alone (JobSpec's field validator: loc lora_target_modules)."""
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("must name at least one module, or be 'all-linear'")
+            bad = [m for m in v if not MODULE_NAME_RE.match(m)]
+            if bad:
+                raise ValueError(f"invalid module names: {bad}")
+        return v
+
+    def check(self) -> None:
+        if self.init_from_step is not None and self.init_from is None:
+            raise ValueError("init_from_step needs init_from (the job whose checkpoint to continue from)")
+
+
+@dataclass(frozen=True)
+class OptimArgs:
+    """The optimizer and its learning-rate schedule: linear warmup (warmup_steps, or warmup_ratio of the
+    run's steps), then constant, linear or cosine decay; gradients clipped to max_grad_norm."""
+
+    optimizer: Optimizer
+    learning_rate: float
+    lr_scheduler: Scheduler
+    warmup_steps: int
+    warmup_ratio: float | None
+    weight_decay: float
+    max_grad_norm: float | None
+
+    def warmup_steps_for(self, total_steps: int) -> int:
+        """Warmup steps of a run of `total_steps` optimizer steps."""
+        if self.warmup_ratio is not None:
+            return round(self.warmup_ratio * total_steps)
+        return self.warmup_steps
+
+    @property
+    def clip_norm(self) -> float:
+        """The norm gradients are clipped to; infinity when clipping is off (max_grad_norm null)."""
+        return self.max_grad_norm if self.max_grad_norm is not None else float("inf")
+
+
+@dataclass(frozen=True)
+class DataArgs:
+    """The training dataset, what is held out to evaluate on (a fraction of it, or a second dataset),
+    when evaluation runs and stops the job, and how an example becomes tokens."""
+
+    dataset_id: str
+    validation_dataset_id: str | None
+    validation_fraction: float
+    eval_every_steps: int
+    early_stopping_patience: int | None
+    early_stopping_min_delta: float
+    max_seq_len: int
+    over_length: OverLength
+    train_on_inputs: bool
+
+    @property
+    def has_validation(self) -> bool:
+        return bool(self.validation_fraction or self.validation_dataset_id)
+
+    def check(self) -> None:
+        if self.validation_fraction and self.validation_dataset_id:
+            raise ValueError("set validation_fraction or validation_dataset_id, not both")
+        if self.early_stopping_patience and not self.has_validation:
+            raise ValueError("early_stopping_patience needs validation_fraction or validation_dataset_id")
+
+
+@dataclass(frozen=True)
+class BatchArgs:
+    """What one optimizer step trains (training.batches): a global batch of micro x accumulation x ranks
+    rows, fixed before it is split. A row is one example padded (packing false), or examples packed into
+    max_seq_len tokens per sequence of an example; an example is `sequences_per_example` sequences (a
+    preference pair: two)."""
+
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    num_gpus: int
+    max_seq_len: int
+    packing: bool
+    sequences_per_example: int
+
+    @property
+    def effective_size(self) -> int:
+        """Rows in an optimizer step's global batch: the effective batch size."""
+        return self.micro_batch_size * self.gradient_accumulation_steps * self.num_gpus
+
+    @property
+    def row_capacity(self) -> int:
+        """Tokens a packed row holds: max_seq_len per sequence of an example."""
+        return self.max_seq_len * self.sequences_per_example
+
+    @property
+    def micro_sequences(self) -> int:
+        """Sequences in a padded micro-batch (a preference pair is two)."""
+        return self.micro_batch_size * self.sequences_per_example
+
+    @property
+    def worst_case_tokens(self) -> int:
+        """Tokens of a micro-batch whose every sequence is max_seq_len long."""
+        return self.micro_sequences * self.max_seq_len
+
+
+@dataclass(frozen=True)
+class PreferenceArgs:
+    """The objective: sft (next-token loss on the targets), or dpo on preference pairs with DPO's loss
+    (sigmoid, ipo, or the reference-free simpo) and an optional NLL term (rpo_alpha). The defaults are
+    JobSpec's: `PreferenceArgs()` is a plain sft job's view, and DPO's fields may differ from it only
+    with objective dpo."""
+
+    objective: Objective = "sft"
+    beta: float = 0.1
+    loss_type: LossType = "sigmoid"
+    simpo_gamma: float = 0.5
+    rpo_alpha: float = 0.0
+
+    # Fields for objective "dpo" only: a value other than the default is refused with "sft".
+    DPO_FIELDS = ("beta", "loss_type", "simpo_gamma", "rpo_alpha")
+
+    @property
+    def enabled(self) -> bool:
+        """Preference training (objective dpo): the data are preference pairs."""
+        return self.objective == "dpo"
+
+    @property
+    def uses_reference(self) -> bool:
+        """DPO's sigmoid and ipo losses compare with a reference policy; simpo and sft have none."""
+        return self.enabled and self.loss_type != "simpo"
+
+    @property
+    def sequences_per_example(self) -> int:
+        """A preference pair is two sequences (prompt + chosen, prompt + rejected)."""
+        return 2 if self.enabled else 1
+
+    def check(self, train_on_inputs: bool) -> None:
+        if not self.enabled:
+            # Only values other than the defaults (a spec read back from JSON has every field set).
+            odd = [f for f in self.DPO_FIELDS if getattr(self, f) != getattr(SFT, f)]
+            if odd:
+                raise ValueError(f"{', '.join(odd)} apply to objective 'dpo' only")
+            return
+        if train_on_inputs:
+            raise ValueError("train_on_inputs applies to objective 'sft' only (dpo trains the completions)")
+        if self.simpo_gamma != SFT.simpo_gamma and self.loss_type != "simpo":
+            raise ValueError("simpo_gamma applies to loss_type 'simpo' only")
+
+
+SFT = PreferenceArgs()  # the defaults
+DPO_FIELDS = PreferenceArgs.DPO_FIELDS
+
+
+@dataclass(frozen=True)
+class SampleArgs:
+    """Before/after samples (training.samples): greedy completions of the base and of the tuned model for
+    `prompts` (a number to take from the data, or the prompts themselves), at the end and, with
+    `at_eval`, at each evaluation."""
+
+    prompts: int | list[SamplePrompt]
+    max_tokens: int
+    at_eval: bool
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.prompts)
+
+    @property
+    def given(self) -> list[SamplePrompt] | None:
+        """The prompts the spec gives itself; None when it asks for a number of prompts from the data."""
+        return self.prompts if isinstance(self.prompts, list) else None
+
+    @staticmethod
+    def check_prompts(v: Any) -> Any:
+        """sample_prompts alone, as given, before pydantic's union (JobSpec's field validator: loc
+        sample_prompts), so that each problem is one clear message."""
+        if isinstance(v, int) and not isinstance(v, bool):
+            if not 0 <= v <= MAX_SAMPLE_PROMPTS:
+                raise ValueError(f"a number of prompts must be 0-{MAX_SAMPLE_PROMPTS}")
+            return v
+        if not isinstance(v, list):
+            raise ValueError(f"must be a number of prompts (0-{MAX_SAMPLE_PROMPTS}) or a list of prompts")
+        if not 1 <= len(v) <= MAX_SAMPLE_PROMPTS:
+            raise ValueError(f"a list must hold 1-{MAX_SAMPLE_PROMPTS} prompts, not {len(v)}")
+        return [_check_sample_prompt(i, p) for i, p in enumerate(v)]
+
+    def check(self, has_validation: bool) -> None:
+        if self.at_eval and not self.prompts:
+            raise ValueError("sample_at_eval needs sample_prompts")
+        if self.at_eval and not has_validation:
+            raise ValueError("sample_at_eval needs validation_fraction or validation_dataset_id")
+
+
+def _check_sample_prompt(i: int, p: Any) -> Any:
+    """One prompt of sample_prompts (a string, or chat messages ending with a user turn), as given."""
+    where = f"prompt {i}"
+    if isinstance(p, str):
+        if not p.strip():
+            raise ValueError(f"{where} is empty")
+        if len(p) > MAX_SAMPLE_CHARS:
+            raise ValueError(f"{where} is over {MAX_SAMPLE_CHARS} characters")
+        return p
+    if not isinstance(p, list) or not p:
+        raise ValueError(f"{where} must be a string or a non-empty list of chat messages")
+    if len(p) > MAX_SAMPLE_MESSAGES:
+        raise ValueError(f"{where} has over {MAX_SAMPLE_MESSAGES} messages")
+    total = 0
+    for j, m in enumerate(p):
+        if isinstance(m, SampleMessage):
+            m = m.model_dump()
+        if not isinstance(m, dict) or set(m) != {"role", "content"}:
+            raise ValueError(f"{where}, message {j} must be an object with role and content only")
+        if m["role"] not in SAMPLE_ROLES:
+            raise ValueError(f"{where}, message {j}: role must be one of {', '.join(SAMPLE_ROLES)}")
+        if not isinstance(m["content"], str) or not m["content"].strip():
+            raise ValueError(f"{where}, message {j}: content must be a non-empty string")
+        total += len(m["content"])
+    if total > MAX_SAMPLE_CHARS:
+        raise ValueError(f"{where} is over {MAX_SAMPLE_CHARS} characters")
+    last = p[-1].role if isinstance(p[-1], SampleMessage) else p[-1]["role"]
+    if last != "user":
+        raise ValueError(f"{where} must end with a user message")
+    return p
+
+
+@dataclass(frozen=True)
+class PlacementArgs:
+    """Where and how the job runs: on how many devices (FSDP over more than one), at what precision,
+    with which attention kernel, and whether activations are recomputed (gradient checkpointing)."""
+
+    num_gpus: int
+    torch_dtype: TorchDtype
+    mixed_precision: MixedPrecision
+    master_weights: bool
+    attn_implementation: AttnImpl
+    gradient_checkpointing: bool
+
+    @property
+    def sharded(self) -> bool:
+        """More than one device: FSDP shards the model, its gradients and optimizer states."""
+        return self.num_gpus > 1
+
+    @staticmethod
+    def default_checkpointing(method: Any) -> bool:
+        """gradient_checkpointing when the spec leaves it null: on for qlora, off otherwise."""
+        return method == "qlora"
