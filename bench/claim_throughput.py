@@ -47,11 +47,12 @@ from core.states import JobStatus
 from models import fairshare, jobs as jobs_db
 from models.db import make_engine, make_session_factory, session_scope
 from models.placement import Placer
-from worker.celery_app import app
+from worker.celery_app import create_celery
 from worker.devices import detect_devices
 from worker.dispatch import pass_on
 
 settings = get_settings()
+app = create_celery(settings)  # a bare app: this bench registers its own run_job
 sessions = make_session_factory(make_engine(settings.resolved_database_url))
 placer = Placer(Catalog(settings.models_dir))
 devices = detect_devices(settings.worker_devices)

@@ -1,141 +1,222 @@
-"""Celery tasks: translate a message into a call, nothing more."""
+"""Celery tasks: translate a message into a call, nothing more.
+
+`create_worker_app(settings)` builds the worker's app: the tasks below registered on it under the names
+the API publishes (core.queues), and the worker's start and shutdown hooks. What the tasks of one app
+share (the job runner, the database, the broker publisher, the shutdown flag) is a `Worker`, built on
+first use; tests build one from doubles and call its methods. `celery -A worker.tasks` and `ftune worker`
+take this module's `app`: the app of this process's settings, built when first asked for.
+
+Tasks:
+  ftune.run_job           run_next_fair_share_jobs: the jobs this worker can run, by the fair policy
+  ftune.token_stats       token_stats: a job's token statistics (the CPU worker; models.token_stats)
+  ftune.reap              reap_now: jobs of dead workers back to the queue, lost wake-ups re-sent
+  ftune.deliver_webhooks  deliver_webhooks: the webhook events that are due (the outbox)
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
+import socket
 import threading
-from functools import lru_cache
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
+from celery import Celery
 from celery.signals import worker_ready, worker_shutting_down
+from sqlalchemy.orm import Session, sessionmaker
 
-from core.queues import TOKEN_STATS, Enqueuer, class_queue
-from core.settings import get_settings
+from core.data.token_stats import Compute
+from core.queues import QUEUE, REAP, RUN_JOB, TOKEN_STATS, Enqueuer, class_queue
+from core.settings import Settings, get_settings
 from models import workers as workers_db
 from models.db import make_engine, make_session_factory, session_scope
 from models.token_stats import compute_and_store, subprocess_compute
-from worker import runner
-from worker.celery_app import DELIVER_WEBHOOKS, QUEUE, REAP, RUN_JOB, app
+from worker.celery_app import DELIVER_WEBHOOKS, create_celery
 from worker.dispatch import pass_on, refresh_waiting
 from worker.reaper import reap, release_predecessor
+from worker.runner import JobRunner
 from worker.webhooks import deliver_due
 
 log = logging.getLogger(__name__)
 
-_wake = Enqueuer(app.send_task, RUN_JOB)  # a job's wake-up: on the shared queue, or .to() a class queue
 
-# Set when this process serves the training queue and so is in the fleet table (a CPU worker is not).
-_in_fleet = threading.Event()
+class Wake(Protocol):
+    """A job's wake-up (core.queues.Enqueuer): on the shared queue, or .to() a class queue."""
+
+    def __call__(self, job_id: str) -> bool: ...
+    def to(self, queue: str, job_id: str) -> bool: ...
 
 
-@lru_cache
-def _runner() -> runner.JobRunner:
-    settings = get_settings()
+class Worker:
+    """What the tasks of one worker process share. `runner` runs jobs (worker.runner.JobRunner); `wake`
+    publishes a wake-up; `compute` measures token statistics; `queue_depth` counts the messages waiting
+    (None: unknown); `stopping` is set when the process shuts down; `in_fleet` once it has registered
+    as a trainer (a CPU worker does not)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        runner: JobRunner,
+        wake: Wake,
+        compute: Compute,
+        queue_depth: Callable[[], int | None],
+    ) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.runner = runner
+        self.wake = wake
+        self.compute = compute
+        self.queue_depth = queue_depth
+        self.stopping = runner.stopping
+        self.in_fleet = threading.Event()
+
+    def run_next_fair_share_jobs(self, woken_for: str) -> str:
+        """A wake-up for the job `woken_for`. Pass it on if that job does not fit here; then claim and
+        run, by the fair policy, the jobs this worker can run (the woken-for job, or another) until none
+        is left, so a busy worker needs no message for its next job. Returns the last outcome."""
+        r = self.runner
+        pass_on(self.sessions, r.placer, r.devices, woken_for, self.wake.to)
+        outcome = r.run(woken_for)
+        while outcome != "skipped" and not self.stopping.is_set():
+            outcome = r.run()
+        return outcome
+
+    def token_stats(self, job_id: str) -> str:
+        """Measure and store a job's token statistics (models.token_stats); a shutdown kills the
+        computation (training's start fills them then). A job re-planned smaller is woken again."""
+        r = self.runner
+        outcome = compute_and_store(
+            self.sessions,
+            catalog=r.catalog,
+            storage=r.storage,
+            compute=self.compute,
+            job_id=job_id,
+            stop=self.stopping,
+            plan_gpu=self.settings.plan_gpu,
+        )
+        if outcome == "replanned":  # a smaller plan may fit workers it did not: placement looks again
+            self.wake(job_id)
+        return outcome
+
+    def reap_now(self) -> dict[str, int]:
+        return reap(self.sessions, self.runner.enqueue, self.queue_depth, self.settings.resend_after_seconds)
+
+    def deliver_webhooks(self) -> int:
+        """Send the webhook events that are due (the outbox); every worker's tick runs this too."""
+        return deliver_due(self.sessions, self.settings)
+
+    def tick(self) -> None:
+        """The periodic pass: a trainer's heartbeat and waiting reasons, then the reaper and webhooks."""
+        if self.in_fleet.is_set():
+            with session_scope(self.sessions) as s:
+                workers_db.heartbeat(s, self.runner.me)
+            refresh_waiting(self.sessions, self.runner.placer)  # a job no live worker fits says why
+        self.reap_now()
+        self.deliver_webhooks()
+
+    def started(self, queues: set[str]) -> None:
+        """The worker process is ready, consuming `queues`: a trainer joins the fleet the planner admits
+        against (a CPU worker does not), takes back its predecessor's jobs and wakes itself; every
+        worker reaps once and starts its tick."""
+        r = self.runner
+        if QUEUE in queues:
+            with session_scope(self.sessions) as s:
+                workers_db.register(s, r.me, socket.gethostname(), r.devices)
+            self.in_fleet.set()
+            release_predecessor(self.sessions, r.me, r.enqueue)
+            log.info("worker %s registered with devices %s (%s)", r.me, r.devices, class_queue(r.devices))
+            self.wake.to(class_queue(r.devices), "")  # wake myself: jobs that waited for a worker like me
+        self.reap_now()  # at start: jobs of a worker that died while we were down
+        interval = self.settings.reaper_interval_seconds
+        threading.Thread(target=self._tick_forever, args=(interval,), daemon=True).start()
+
+    def stopped(self) -> None:
+        """The process is shutting down: running jobs checkpoint, stop and go back to the queue instead
+        of blocking shutdown for hours; a trainer leaves the fleet."""
+        self.stopping.set()
+        if self.in_fleet.is_set():
+            with session_scope(self.sessions) as s:
+                workers_db.mark_stopped(s, self.runner.me)
+
+    def _tick_forever(self, interval: float) -> None:
+        while not self.stopping.wait(interval):
+            try:
+                self.tick()
+            except Exception:
+                log.exception("worker heartbeat or reaper pass failed")
+
+
+def build_worker(settings: Settings, app: Celery) -> Worker:
+    """The Worker of a process: its database, this app's publisher, the real token statistics."""
     sessions = make_session_factory(make_engine(settings.resolved_database_url))
-    return runner.JobRunner(settings, sessions, _wake)
+    wake = Enqueuer(app.send_task, RUN_JOB)
+    runner = JobRunner(settings, sessions, wake)
 
-
-def _fleet_pass() -> None:
-    r = _runner()
-    refresh_waiting(r.sessions, r.placer)
-
-
-def _queue_depth() -> int | None:
-    """Messages waiting in the shared jobs queue and the class queues of the fleet."""
-    r = _runner()
-    try:
-        with session_scope(r.sessions) as s:
-            queues = {QUEUE} | {class_queue(w.devices) for w in workers_db.fleet(s)}
-        with app.connection_for_write() as conn:
-            client = conn.default_channel.client
-            return sum(int(client.llen(q)) for q in queues)
-    except Exception:
-        return None  # unknown: do not re-send
-
-
-@app.task(name=RUN_JOB, acks_late=True)
-def run_job(job_id: str) -> str:
-    """A wake-up. Pass it on if its job does not fit here; then claim and run, by the fair policy, the
-    jobs this worker can run until none is left (so a busy worker needs no message for its next job)."""
-    r = _runner()
-    pass_on(r.sessions, r.placer, r.devices, job_id, _wake.to)
-    outcome = r.run(job_id)
-    while outcome != "skipped" and not runner.shutting_down.is_set():
-        outcome = r.run()
-    return outcome
-
-
-@app.task(name=TOKEN_STATS, acks_late=True)
-def token_stats(job_id: str) -> str:
-    r = _runner()
-    compute = subprocess_compute(r.settings.token_stats_timeout_seconds)
-    stop = runner.shutting_down  # a shutdown kills the computation; training's start fills them then
-    outcome = compute_and_store(
-        r.sessions,
-        catalog=r.catalog,
-        storage=r.storage,
-        compute=compute,
-        job_id=job_id,
-        stop=stop,
-        plan_gpu=r.settings.plan_gpu,
-    )
-    if outcome == "replanned":  # a smaller plan may fit workers it did not: placement looks again
-        _wake(job_id)
-    return outcome
-
-
-@app.task(name=REAP)
-def reap_now() -> dict[str, int]:
-    r = _runner()
-    return reap(r.sessions, r.enqueue, _queue_depth, r.settings.resend_after_seconds)
-
-
-@app.task(name=DELIVER_WEBHOOKS)
-def deliver_webhooks() -> int:
-    """Send the webhook events that are due (the outbox); every worker's tick runs this too."""
-    r = _runner()
-    return deliver_due(r.sessions, r.settings)
-
-
-def _tick() -> None:
-    r = _runner()
-    if _in_fleet.is_set():
-        with session_scope(r.sessions) as s:
-            workers_db.heartbeat(s, r.me)
-        _fleet_pass()  # a job no live worker fits says why (the fleet may have changed)
-    reap_now()
-    deliver_webhooks()
-
-
-def _tick_forever(stop: threading.Event, interval: float) -> None:
-    while not stop.wait(interval):
+    def queue_depth() -> int | None:
+        """Messages waiting in the shared jobs queue and the class queues of the fleet."""
         try:
-            _tick()
+            with session_scope(sessions) as s:
+                queues = {QUEUE} | {class_queue(w.devices) for w in workers_db.fleet(s)}
+            with app.connection_for_write() as conn:
+                client = conn.default_channel.client
+                return sum(int(client.llen(q)) for q in queues)
         except Exception:
-            log.exception("worker heartbeat or reaper pass failed")
+            return None  # unknown: do not re-send
+
+    compute = subprocess_compute(settings.token_stats_timeout_seconds)
+    return Worker(settings, sessions, runner, wake, compute, queue_depth)
 
 
-@worker_ready.connect
-def _on_ready(sender: Any = None, **_: Any) -> None:
-    r = _runner()
-    queues = set(sender.app.amqp.queues.consume_from) if sender is not None else {QUEUE}
-    if QUEUE in queues:  # a trainer joins the fleet the planner admits against; a CPU worker does not
-        with session_scope(r.sessions) as s:
-            workers_db.register(s, r.me, runner.socket.gethostname(), r.devices)
-        _in_fleet.set()
-        release_predecessor(r.sessions, r.me, r.enqueue)
-        log.info("worker %s registered with devices %s (%s)", r.me, r.devices, class_queue(r.devices))
-        _wake.to(class_queue(r.devices), "")  # wake myself: jobs that waited for a worker like me
-    reap_now()  # at start: jobs of a worker that died while we were down
-    interval = r.settings.reaper_interval_seconds
-    threading.Thread(target=_tick_forever, args=(runner.shutting_down, interval), daemon=True).start()
+def create_worker_app(settings: Settings) -> Celery:
+    """The worker's Celery app for `settings`, its tasks registered. Building it connects to nothing;
+    the Worker is built on the first task or when the worker process is ready."""
+    app = create_celery(settings)
+    worker = functools.cache(lambda: build_worker(settings, app))
+
+    @app.task(name=RUN_JOB, acks_late=True)
+    def run_next_fair_share_jobs(job_id: str) -> str:
+        return worker().run_next_fair_share_jobs(job_id)
+
+    @app.task(name=TOKEN_STATS, acks_late=True)
+    def token_stats(job_id: str) -> str:
+        return worker().token_stats(job_id)
+
+    @app.task(name=REAP)
+    def reap_now() -> dict[str, int]:
+        return worker().reap_now()
+
+    @app.task(name=DELIVER_WEBHOOKS)
+    def deliver_webhooks() -> int:
+        return worker().deliver_webhooks()
+
+    @worker_ready.connect(weak=False)
+    def on_ready(sender: Any = None, **_: Any) -> None:
+        if sender is not None and sender.app is not app:
+            return  # another app's worker (only where one process builds several)
+        worker().started(set(sender.app.amqp.queues.consume_from) if sender is not None else {QUEUE})
+
+    @worker_shutting_down.connect(weak=False)
+    def on_shutdown(**_: Any) -> None:
+        worker().stopped()
+
+    return app
 
 
-@worker_shutting_down.connect
-def _on_shutdown(**_: Any) -> None:
-    # Running jobs checkpoint, stop and go back to the queue instead of blocking shutdown for hours.
-    runner.shutting_down.set()
-    if _in_fleet.is_set():
-        r = _runner()
-        with session_scope(r.sessions) as s:
-            workers_db.mark_stopped(s, r.me)
+@functools.cache
+def default_app() -> Celery:
+    """The app of this process's settings (`celery -A worker.tasks`, `ftune worker`), built once."""
+    return create_worker_app(get_settings())
+
+
+def reap_now() -> dict[str, int]:
+    """One reaper pass with this process's settings (`ftune reaper`), as the ftune.reap task makes it."""
+    result: dict[str, int] = default_app().tasks[REAP]()
+    return result
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # `celery -A worker.tasks` and `from worker.tasks import app`
+        return default_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

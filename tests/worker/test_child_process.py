@@ -1,7 +1,7 @@
 """The worker's children stop when the worker process ends, and only then: not when the thread that
 started them ends (PR_SET_PDEATHSIG's rule), and also a grandchild (a torchrun rank) does.
 
-A real "worker" process starts its child with worker.runner.spawn from a short-lived thread; the child is
+A real "worker" process starts its child with worker.supervision.spawn from a short-lived thread; the child is
 a stand-in for training that calls core.process.stop_with_worker() first, as training.run does, and
 records the SIGTERM it gets before exiting with EXIT_STOPPED."""
 
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from worker import runner
+from worker import supervision
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ while True:
 WORKER = """
 import sys, threading, time
 from pathlib import Path
-from worker.runner import spawn
+from worker.supervision import spawn
 out = Path(sys.argv[1])
 def start():
     with (out / "child.log").open("ab") as log:
@@ -123,6 +123,8 @@ def test_a_grandchild_stops_with_the_worker_too(tmp_path: Path) -> None:
 
 def test_spawn_names_the_worker_in_the_childs_environment(tmp_path: Path) -> None:
     with (tmp_path / "log").open("ab") as log:
-        proc = runner.spawn([sys.executable, "-c", "import os; print(os.environ['FTUNE_WORKER_PID'])"], log)
+        proc = supervision.spawn(
+            [sys.executable, "-c", "import os; print(os.environ['FTUNE_WORKER_PID'])"], log
+        )
     assert proc.wait(30) == 0
     assert (tmp_path / "log").read_text().strip() == str(os.getpid())

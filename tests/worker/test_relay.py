@@ -49,7 +49,7 @@ def test_start_and_step_records_put_prediction_and_measurement_on_the_job(
             peak_mem_bytes=4_900_000,
         ),
     ]  # fmt: skip
-    assert runner._relay("job00000001", attempt, records)
+    assert runner.recorder.relay("job00000001", attempt, records)
     with sessions() as s:
         job = jobs_db.get_job(s, "job00000001")
         assert job is not None

@@ -54,7 +54,7 @@ def test_samples_become_events_and_a_file_without_duplicates_across_a_resume(
     def relay(*records: Record) -> None:  # as training appends them and the worker's tail reads them
         with storage.metrics_path(JOB).open("a") as f:
             f.write("".join(encode(r) + "\n" for r in records))
-        assert runner._relay(JOB, attempt, list(records))
+        assert runner.recorder.relay(JOB, attempt, list(records))
 
     relay(StartRecord(total_steps=4, num_examples=3), samples(2, "eval", "at 2"), samples(4, "end", "end"))
     # The process died after its end samples, before done: the next attempt resumes at step 4.

@@ -1,0 +1,83 @@
+"""Claiming the next job this worker can run, by the fair policy (models.fairshare), and placing it.
+
+The claim is a compare-and-set, so a redelivered message claims nothing twice; which job is claimed is
+decided here, never by the message that woke the worker. The plan re-made on this worker's devices
+(models.placement) is the one the job runs under.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.settings import Settings
+from core.storage import Storage, atomic_write_text
+from models import fairshare
+from models import jobs as jobs_db
+from models import workers as workers_db
+from models.db import session_scope
+from models.placement import Placer
+from models.tables import Job
+
+
+def claim_next(
+    sessions: sessionmaker[Session],
+    *,
+    settings: Settings,
+    storage: Storage,
+    placer: Placer,
+    devices: list[dict[str, Any]],
+    worker: str,
+) -> tuple[str, int] | None:
+    """(job id, attempt) of the job claimed and placed on this worker, or None when none can run here."""
+    with session_scope(sessions) as s:
+        claimed = fairshare.claim_next(
+            s,
+            can_run=lambda job: placer.fits(job, devices),
+            worker_id=worker,
+            lease_seconds=settings.lease_seconds,
+            running_limit=settings.max_running_jobs_per_tenant,
+        )
+        if claimed is None:
+            return None
+        job, attempt = claimed
+        _record_placement(
+            s, storage=storage, placer=placer, devices=devices, worker=worker, job=job, attempt=attempt
+        )
+        return job.id, attempt
+
+
+def _record_placement(
+    s: Session,
+    *,
+    storage: Storage,
+    placer: Placer,
+    devices: list[dict[str, Any]],
+    worker: str,
+    job: Job,
+    attempt: int,
+) -> None:
+    """The plan re-made on this worker's devices is the one the job runs under: plan.json and the
+    prediction shown beside the measured peak are replaced, the event keeps both."""
+    verdict = placer.verdict(job, devices)
+    data: dict[str, Any] = {"worker": worker, "devices": devices, "attempt": attempt}
+    data["admission_predicted_bytes"] = job.predicted_peak_bytes
+    plan = verdict.plan
+    if plan is not None:
+        atomic_write_text(storage.plan_path(job.id), plan.model_dump_json())
+        jobs_db.set_predicted_peak(s, job_id=job.id, predicted_peak_bytes=plan.allocated_bytes)
+        data |= {
+            "device": plan.gpu,
+            "predicted_bytes": plan.allocated_bytes,
+            "plan_total": plan.total_bytes,
+        }
+    where = f" on {plan.gpu}: plan {plan.total_bytes / 2**30:.2f} GiB" if plan else " (no plan)"
+    msg = f"placed on {worker}{where}"
+    jobs_db.add_event(s, job_id=job.id, kind="placed", message=msg, data=data)
+
+
+def set_current_job(sessions: sessionmaker[Session], worker: str, job_id: str | None) -> None:
+    """What the fleet table shows this worker running (None: idle)."""
+    with session_scope(sessions) as s:
+        workers_db.set_current_job(s, worker, job_id)

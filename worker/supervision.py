@@ -1,0 +1,83 @@
+"""Starting the training subprocess and watching it until it exits.
+
+No database here: what the run reports is handed to `relay` (worker.recording), and whether to stop it is
+asked of `stop_wanted`. A stop is a SIGTERM, sent once, on which training checkpoints and exits with
+core.run_protocol.EXIT_STOPPED (a pause, a cancel, this worker shutting down, or a lost lease).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from core.process import child_env
+from core.run_protocol import EXIT_STOPPED, Record, RecordTail, RunConfig, StoppedRecord
+
+# torchrun forwards our SIGTERM to its ranks and SIGKILLs them after this long (its default is 30 s):
+# enough for the step in flight and a checkpoint.
+SHUTDOWN_TIMEOUT_S = 600
+
+
+def training_command(run_json: Path) -> list[str]:
+    """One process, or with num_gpus > 1 one FSDP rank per device under torchrun (gloo ranks on a CPU)."""
+    n = RunConfig.model_validate_json(run_json.read_text()).spec.num_gpus
+    if n == 1:
+        return [sys.executable, "-m", "training.run", str(run_json)]
+    # --standalone: a private rendezvous on a free port, so jobs on one machine do not collide.
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
+    return [*launcher, "-m", "training.run", str(run_json)]
+
+
+def spawn(command: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start a child of this worker. No preexec_fn (not fork-safe in a threaded worker): the child stops
+    itself when this process ends (core.process.stop_with_worker, told our pid by child_env)."""
+    return subprocess.Popen(
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # a Ctrl-C on the terminal reaches us, not the trainer
+        env=child_env(PYTHONUNBUFFERED="1", TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(SHUTDOWN_TIMEOUT_S)),
+    )
+
+
+def supervise(
+    command: list[str],
+    *,
+    log_path: Path,
+    metrics_path: Path,
+    interval: float,
+    started: Callable[[int], None],
+    relay: Callable[[list[Record]], bool],
+    stop_wanted: Callable[[], bool],
+) -> int | None:
+    """Run `command` (its output appended to log_path) to its end, handing each poll's new records to
+    `relay` (False: the job is no longer ours). Returns the exit code to judge, EXIT_STOPPED for a run that
+    recorded a stop, or None when the job was lost to another worker."""
+    tail = RecordTail(metrics_path)
+    tail.read_new()  # skip records of earlier attempts
+    with log_path.open("ab") as logf:
+        proc = spawn(command, logf)
+    started(proc.pid)
+    stop_sent = False
+    owned = True
+    stopped = False  # torchrun exits 1 whatever its ranks return, so a stop is read from the metrics
+    while proc.poll() is None:
+        time.sleep(interval)
+        records = tail.read_new()
+        stopped = stopped or any(isinstance(r, StoppedRecord) for r in records)
+        owned = relay(records)
+        if not stop_sent and (not owned or stop_wanted()):
+            proc.send_signal(signal.SIGTERM)
+            stop_sent = True
+    records = tail.read_new()
+    stopped = stopped or any(isinstance(r, StoppedRecord) for r in records)
+    owned = relay(records) and owned
+    if not owned:
+        return None
+    rc = proc.returncode
+    return EXIT_STOPPED if stopped and rc != 0 else rc
