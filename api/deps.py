@@ -1,4 +1,5 @@
-"""Dependencies as Annotated aliases. Everything a route needs comes from app.state.services."""
+"""Dependencies as Annotated aliases. Everything a route needs comes from app.state.services (Services,
+built from settings by create_app, and by the CLI for its submission)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,16 @@ from fastapi import Depends, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.queue import broker_publishers, redis_ping
 from api.ratelimit import RateLimiter
 from core.catalog import Catalog
 from core.settings import Settings
+from core.spec import JobSpec
 from core.storage import Storage
+from models.db import make_engine, make_session_factory
 from models.placement import Placer
+from models.submission import OpenAIFields, submit_job
+from models.tables import Job
 from models.tenants import Principal
 
 
@@ -35,6 +41,45 @@ class Services:
 
     def __post_init__(self) -> None:
         self.placer = Placer(self.catalog)
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        enqueue: Callable[[str], bool] | None = None,
+        token_stats: Callable[[str], bool] | None = None,
+    ) -> Services:
+        """The services wired from settings; both publishers default to the broker (core.queues). Building
+        them has no side effect: the engine connects on first use, the broker on the first publish."""
+        engine = make_engine(settings.resolved_database_url)
+        if enqueue is None or token_stats is None:
+            run_job, stats = broker_publishers(settings)
+            enqueue, token_stats = enqueue or run_job, token_stats or stats
+        return cls(
+            settings=settings,
+            engine=engine,
+            sessions=make_session_factory(engine),
+            storage=Storage(settings.data_dir),
+            catalog=Catalog(settings.models_dir, settings.hf_cache_dir),
+            enqueue=enqueue,
+            request_token_stats=token_stats,
+            broker_ping=redis_ping(settings.redis_url),
+            rate_limiter=RateLimiter(settings.rate_limit_per_minute),
+        )
+
+    def submit(self, spec: JobSpec, *, tenant_id: str, openai: OpenAIFields | None = None) -> Job:
+        """models.submission.submit_job on these services: POST /jobs, /v1 and `ftune jobs submit` alike."""
+        return submit_job(
+            self.sessions,
+            settings=self.settings,
+            catalog=self.catalog,
+            storage=self.storage,
+            spec=spec,
+            tenant_id=tenant_id,
+            enqueue=self.enqueue,
+            request_token_stats=self.request_token_stats,
+            openai=openai,
+        )
 
 
 def get_services(request: Request) -> Services:

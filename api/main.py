@@ -11,7 +11,6 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-import redis
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -20,8 +19,6 @@ from api import errors, openai
 from api.bodylimit import MAX_JSON_BODY_BYTES, BodySizeLimit
 from api.deps import Services
 from api.metrics import LatencyMiddleware, new_registry
-from api.queue import broker_publishers
-from api.ratelimit import RateLimiter
 from api.routes import (
     checkpoints,
     dashboard,
@@ -35,29 +32,11 @@ from api.routes import (
     webhooks,
     workers,
 )
-from core.catalog import Catalog
 from core.settings import Settings, get_settings
-from core.storage import Storage
-from models.db import make_engine, make_session_factory, session_scope
+from models.db import session_scope
 from models.tenants import Principal, ensure_key, get_or_create_tenant
 
 log = logging.getLogger(__name__)
-
-
-def redis_ping(url: str) -> Callable[[], bool]:
-    def ping() -> bool:
-        if not url:
-            return False
-        try:
-            client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
-            try:
-                return bool(client.ping())
-            finally:
-                client.close()
-        except redis.RedisError:
-            return False
-
-    return ping
 
 
 def provision_auth(settings: Settings, sessions: sessionmaker[Session]) -> Principal | None:
@@ -96,23 +75,7 @@ def create_app(
 ) -> FastAPI:
     """`enqueue` (wake a worker for a job) and `token_stats` (ask for a job's token statistics) are
     injectable; by default both publish to the broker (core.queues)."""
-    settings = settings or get_settings()
-    engine = make_engine(settings.resolved_database_url)  # connects on first use
-    sessions = make_session_factory(engine)
-    if enqueue is None or token_stats is None:
-        run_job, stats = broker_publishers(settings)
-        enqueue, token_stats = enqueue or run_job, token_stats or stats
-    services = Services(
-        settings=settings,
-        engine=engine,
-        sessions=sessions,
-        storage=Storage(settings.data_dir),
-        catalog=Catalog(settings.models_dir, settings.hf_cache_dir),
-        enqueue=enqueue,
-        request_token_stats=token_stats,
-        broker_ping=redis_ping(settings.redis_url),
-        rate_limiter=RateLimiter(settings.rate_limit_per_minute),
-    )
+    services = Services.from_settings(settings or get_settings(), enqueue, token_stats)
     app = FastAPI(
         title="ftune",
         version="0.1.0",
@@ -121,7 +84,7 @@ def create_app(
     )
     app.state.services = services
     errors.install(app)
-    app.state.metrics_registry, latency = new_registry(sessions, services.catalog)
+    app.state.metrics_registry, latency = new_registry(services.sessions, services.catalog)
     app.add_middleware(LatencyMiddleware, latency=latency)
     routers = (
         health,

@@ -37,6 +37,16 @@ RAW_TYPES = {
 }
 
 
+def upload_doc(
+    fields: dict[str, dict[str, Any]], required: list[str], other_content: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The OpenAPI request body of an upload route (its openapi_extra; the route reads the body itself):
+    a multipart form of the file and `fields`, and any `other_content` types it also takes."""
+    form = {"type": "object", "properties": {FILE_FIELD: {"type": "string", "format": "binary"}, **fields}}
+    content = {"multipart/form-data": {"schema": {**form, "required": required}}, **(other_content or {})}
+    return {"requestBody": {"content": content, "required": True}}
+
+
 @dataclass
 class Upload:
     filename: str = DEFAULT_FILENAME

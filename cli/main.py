@@ -156,19 +156,17 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_submit(args: argparse.Namespace) -> int:
-    """The same submission as POST /jobs (models.submission.submit_job), for a tenant named here."""
+    """The same submission as POST /jobs (Services.submit: models.submission.submit_job), for a tenant
+    named here."""
     from pathlib import Path
 
     from pydantic import ValidationError
 
-    from api.queue import broker_publishers
+    from api.deps import Services
     from api.schemas import job_out
-    from core.catalog import Catalog
     from core.errors import FtuneError
     from core.spec import JobSpec
-    from core.storage import Storage
-    from models.db import make_engine, make_session_factory, session_scope
-    from models.submission import submit_job
+    from models.db import session_scope
     from models.tenants import get_or_create_tenant
 
     settings = get_settings()
@@ -180,27 +178,16 @@ def cmd_jobs_submit(args: argparse.Namespace) -> int:
     except ValidationError as e:
         print(f"error (invalid_spec): {e}", file=sys.stderr)
         return 2
-    engine = make_engine(settings.resolved_database_url)
-    sessions = make_session_factory(engine)
-    enqueue, token_stats = broker_publishers(settings)
+    services = Services.from_settings(settings)  # the API's services, publishing to the broker
     try:
-        with session_scope(sessions) as s:
+        with session_scope(services.sessions) as s:
             tenant_id = get_or_create_tenant(s, args.tenant).id
-        job = submit_job(
-            sessions,
-            settings=settings,
-            catalog=Catalog(settings.models_dir, settings.hf_cache_dir),
-            storage=Storage(settings.data_dir),
-            spec=spec,
-            tenant_id=tenant_id,
-            enqueue=enqueue,
-            request_token_stats=token_stats,
-        )
+        job = services.submit(spec, tenant_id=tenant_id)
     except FtuneError as e:
         print(f"error ({e.code}): {e.message}", file=sys.stderr)
         return 2
     finally:
-        engine.dispose()
+        services.engine.dispose()
     print(json.dumps(job_out(job).model_dump(mode="json"), indent=2))
     return 0
 

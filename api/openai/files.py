@@ -21,6 +21,7 @@ from api.openai.errors import AUTHED, OpenAIRoute, documented
 from api.openai.job_objects import result_file_id, result_file_job
 from api.openai.schemas import PURPOSE, RESULTS_PURPOSE, FileDeleted, FileList, FileObject, file_object
 from api.routes.datasets import receive_and_validate, store_dataset, upload_room
+from api.upload import upload_doc
 from core.errors import InvalidInput, NotFound
 from core.states import JobStatus
 from core.storage import Storage
@@ -34,23 +35,7 @@ router = APIRouter(
     prefix="/files", tags=["openai: files"], route_class=OpenAIRoute, responses=documented(*AUTHED)
 )
 
-UPLOAD_DOC = {
-    "requestBody": {
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "properties": {
-                        "file": {"type": "string", "format": "binary"},
-                        "purpose": {"type": "string", "enum": [PURPOSE]},
-                    },
-                    "required": ["file", "purpose"],
-                }
-            }
-        },
-        "required": True,
-    }
-}
+UPLOAD_DOC = upload_doc({"purpose": {"type": "string", "enum": [PURPOSE]}}, required=["file", "purpose"])
 
 
 @router.post("", response_model=FileObject, openapi_extra=UPLOAD_DOC, responses=documented(408, 413))

@@ -7,7 +7,6 @@ commit. Cancel, pause and resume are the native transitions. Everything is scope
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -29,14 +28,14 @@ from api.openai.hyperparameters import (
     resolved,
 )
 from api.openai.job_objects import FineTuningJob, FineTuningJobList, job_object
+from api.owned import FINE_TUNING, Action, OwnedFineTuningJob, control_job
 from core import ft_names
 from core.errors import FtuneError, InvalidInput, NotFound
 from core.states import JobStatus
-from models import control, openai_jobs
 from models import jobs as jobs_db
+from models import openai_jobs
 from models.auto_batch import split_batch
-from models.submission import OpenAIFields, submit_job
-from models.tables import Job
+from models.submission import OpenAIFields
 from models.tenants import Principal
 
 router = APIRouter(
@@ -45,16 +44,6 @@ router = APIRouter(
     route_class=OpenAIRoute,
     responses=documented(*AUTHED),
 )
-
-
-def _get(session: Session, job_id: str, principal: Principal) -> Job:
-    """The tenant's own job (admin keys included); another tenant's job is 404, like a missing one."""
-    job = jobs_db.get_job(session, job_id, principal.tenant_id)
-    if job is None:
-        raise NotFound(
-            f"no such fine-tuning job: {job_id!r}", code="job_not_found", param="fine_tuning_job_id"
-        )
-    return job
 
 
 @router.post("", response_model=FineTuningJob)
@@ -93,17 +82,8 @@ def _create(body: CreateJobRequest, services: Services, principal: Principal) ->
                     plan_gpu=services.settings.plan_gpu,
                 )
         request: dict[str, Any] = {"model": body.model, **resolved(spec, mapped.method_type)}
-        job = submit_job(
-            services.sessions,
-            settings=services.settings,
-            catalog=services.catalog,
-            storage=services.storage,
-            spec=spec,
-            tenant_id=principal.tenant_id,
-            enqueue=services.enqueue,
-            request_token_stats=services.request_token_stats,
-            openai=OpenAIFields(suffix=body.suffix, metadata=body.metadata, request=request),
-        )
+        fields = OpenAIFields(suffix=body.suffix, metadata=body.metadata, request=request)
+        job = services.submit(spec, tenant_id=principal.tenant_id, openai=fields)
     except FtuneError as e:  # admission names JobSpec's fields; the caller sent OpenAI's
         if e.code != "duplicate_parameter":  # that one names the extra field the caller sent
             e.param = OPENAI_PARAM.get(e.param or "", e.param)
@@ -169,86 +149,59 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=FineTuningJob, responses=documented(404))
-def retrieve_job(
-    job_id: str, services: ServicesDep, session: SessionDep, principal: PrincipalDep
-) -> FineTuningJob:
-    return job_object(_get(session, job_id, principal), services.storage)
+def retrieve_job(job: OwnedFineTuningJob, services: ServicesDep) -> FineTuningJob:
+    return job_object(job, services.storage)
 
 
 @router.post("/{job_id}/cancel", response_model=FineTuningJob, responses=documented(404))
 def cancel_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> FineTuningJob:
     """A queued or paused job is cancelled at once; a running one after its current step. A finished job
     is a 400 (a retry cannot change it)."""
-    return _control(
-        job_id, services, principal, lambda: control.cancel(services.sessions, job_id=job_id, param=ID)
-    )
+    return _control("cancel", job_id, services, principal)
 
 
 @router.post("/{job_id}/pause", response_model=FineTuningJob, responses=documented(404))
 def pause_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> FineTuningJob:
     """A queued job pauses at once; a running one checkpoints after its current step and then shows paused
     (until then: running)."""
-    return _control(
-        job_id, services, principal, lambda: control.pause(services.sessions, job_id=job_id, param=ID)
-    )
+    return _control("pause", job_id, services, principal)
 
 
 @router.post("/{job_id}/resume", response_model=FineTuningJob, responses=documented(404))
 def resume_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> FineTuningJob:
     """A paused job goes back to the queue and continues from its checkpoint."""
-    return _control(
-        job_id,
-        services,
-        principal,
-        lambda: control.resume(services.sessions, job_id=job_id, param=ID),
-        wake=True,
+    return _control("resume", job_id, services, principal)
+
+
+def _control(action: Action, job_id: str, services: Services, principal: Principal) -> FineTuningJob:
+    """api.owned.control_job in OpenAI's shape (its Conflict answers 400 here)."""
+    return control_job(
+        action, job_id, services, principal, FINE_TUNING, lambda job: job_object(job, services.storage)
     )
-
-
-ID = "fine_tuning_job_id"
-
-
-def _control(
-    job_id: str, services: Services, principal: Principal, act: Callable[[], None], wake: bool = False
-) -> FineTuningJob:
-    """The caller's job after `act` (a models.control action; its Conflict answers 400 here)."""
-    with services.sessions() as s:
-        _get(s, job_id, principal)
-    act()
-    with services.sessions() as s:
-        out = job_object(_get(s, job_id, principal), services.storage)
-    if wake:  # after the commit and the read: the answer is the job as resumed, queued
-        services.enqueue(job_id)  # if the broker is down the reaper re-sends it
-    return out
 
 
 @router.get("/{job_id}/events", response_model=events_view.EventList, responses=documented(404))
 def list_events(
-    job_id: str,
+    job: OwnedFineTuningJob,
     services: ServicesDep,
-    session: SessionDep,
-    principal: PrincipalDep,
     after: Annotated[str | None, Query(max_length=200, description="an event id: list older ones")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
 ) -> events_view.EventList:
     """Newest first: ftune's job events (`message`) and a `metrics` event per logged step."""
-    job = _get(session, job_id, principal)
     rows, more = events_view.page(events_view.job_events(job, services.storage), after, limit)
     return events_view.EventList(data=rows, has_more=more)
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=documented(404))
 def list_checkpoints(
-    job_id: str,
+    job: OwnedFineTuningJob,
     services: ServicesDep,
     session: SessionDep,
-    principal: PrincipalDep,
     after: Annotated[str | None, Query(max_length=200, description="a checkpoint id: list past it")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 10,
 ) -> CheckpointList:
     """The checkpoints ftune keeps on disk (JobSpec keep_checkpoints: the newest N plus the best by eval
     loss), in step order."""
-    job = _get(session, job_id, principal)
     job_dir = services.storage.job_dir(job.id)
     kept = [a for a in openai_jobs.checkpoints(session, job.id) if (job_dir / a.relpath).is_dir()]
     objects = checkpoint_objects(job, kept, services.storage)

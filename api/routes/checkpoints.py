@@ -7,12 +7,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
-from api.auth import PrincipalDep, scope
 from api.deps import ServicesDep, SessionDep
+from api.owned import OwnedJob
 from api.responses import AUTHED, errors
 from core.archive import flat_files, stream_tar_gz
 from core.errors import NotFound
-from models import jobs as jobs_db
 from models import openai_jobs
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(*AUTHED))
@@ -27,18 +26,15 @@ router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(*AUTHED))
     },
 )
 def download_checkpoint(
-    job_id: str, step: int, session: SessionDep, services: ServicesDep, principal: PrincipalDep
+    job: OwnedJob, step: int, session: SessionDep, services: ServicesDep
 ) -> StreamingResponse:
-    job = jobs_db.get_job(session, job_id, scope(principal))
-    if job is None:
-        raise NotFound(f"job {job_id!r} not found", code="job_not_found", param="job_id")
     job_dir = services.storage.job_dir(job.id)
     kept = [a for a in openai_jobs.checkpoints(session, job.id) if a.step == step]
     path = job_dir / kept[0].relpath if kept else None
     # relpath was written by the worker under the job's directory; checked again before reading.
     if path is None or not path.resolve().is_relative_to(job_dir.resolve()) or not path.is_dir():
         raise NotFound(
-            f"job {job_id} keeps no checkpoint at step {step} (see keep_checkpoints)",
+            f"job {job.id} keeps no checkpoint at step {step} (see keep_checkpoints)",
             code="checkpoint_not_found",
             param="step",
         )

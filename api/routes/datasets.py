@@ -18,7 +18,7 @@ from api.errors import error_body
 from api.idempotency import IdempotencyKeyHeader, body_hash, check_replay_body, replayed
 from api.responses import AUTHED, errors
 from api.schemas import DatasetOut, Page, dataset_out
-from api.upload import FileSink, parse_column_mapping, receive
+from api.upload import FileSink, parse_column_mapping, receive, upload_doc
 from core.data.validate import DatasetValidator
 from core.errors import Conflict, NotFound, PayloadTooLarge
 from core.storage import new_id
@@ -32,27 +32,11 @@ from models.tenants import Principal
 router = APIRouter(prefix="/datasets", tags=["datasets"], responses=errors(*AUTHED))
 SCOPE = "POST /datasets"
 
-UPLOAD_DOC = {
-    "requestBody": {
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "properties": {
-                        "file": {"type": "string", "format": "binary"},
-                        "column_mapping": {
-                            "type": "string",
-                            "description": 'JSON, e.g. {"question": "prompt"}',
-                        },
-                    },
-                    "required": ["file"],
-                }
-            },
-            "application/x-ndjson": {"schema": {"type": "string", "format": "binary"}},
-        },
-        "required": True,
-    }
-}
+UPLOAD_DOC = upload_doc(
+    {"column_mapping": {"type": "string", "description": 'JSON, e.g. {"question": "prompt"}'}},
+    required=["file"],
+    other_content={"application/x-ndjson": {"schema": {"type": "string", "format": "binary"}}},
+)
 
 
 @router.post(

@@ -4,17 +4,18 @@ downloads. Translation only: the work is in models (submission, jobs)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse, JSONResponse
+from sqlalchemy.orm import Session
 
 from api.auth import PrincipalDep, scope
 from api.deps import Services, ServicesDep, SessionDep
 from api.idempotency import IdempotencyKeyHeader, body_hash, run_once
+from api.owned import NATIVE, OwnedJob, control_job
 from api.responses import AUTHED, errors
 from api.schemas import (
     ArtifactOut,
@@ -31,23 +32,13 @@ from core.errors import Conflict, NotFound
 from core.run_protocol import EvalRecord, StepRecord, read_records
 from core.spec import JobSpec
 from core.states import JobStatus
-from models import control
 from models import jobs as jobs_db
 from models.db import session_scope
 from models.queue_view import queue_view
-from models.submission import submit_job
 from models.tables import Job
 from models.tenants import Principal
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(*AUTHED))
-
-
-def _get(session: Any, job_id: str, principal: Principal) -> Job:
-    """The job if the caller may see it; another tenant's job is 404, exactly like a missing one."""
-    job = jobs_db.get_job(session, job_id, scope(principal))
-    if job is None:
-        raise NotFound(f"job {job_id!r} not found", code="job_not_found", param="job_id")
-    return job
 
 
 @router.post("", status_code=202, response_model=JobOut, responses=errors(400, 409, 413))
@@ -66,16 +57,7 @@ def create_job(
 
 
 def _create_job(spec: JobSpec, services: Services, principal: Principal) -> JSONResponse:
-    job = submit_job(
-        services.sessions,
-        settings=services.settings,
-        catalog=services.catalog,
-        storage=services.storage,
-        spec=spec,
-        tenant_id=principal.tenant_id,
-        enqueue=services.enqueue,
-        request_token_stats=services.request_token_stats,
-    )
+    job = services.submit(spec, tenant_id=principal.tenant_id)
     out = job_out(job).model_dump(mode="json")
     return JSONResponse(out, 202, headers={"Location": f"/jobs/{job.id}"})
 
@@ -93,8 +75,7 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=errors(404))
-def get_job(job_id: str, session: SessionDep, services: ServicesDep, principal: PrincipalDep) -> JobOut:
-    job = _get(session, job_id, principal)
+def get_job(job: OwnedJob, session: SessionDep, services: ServicesDep) -> JobOut:
     entry = queue_view(session, services.placer).get(job.id) if job.status == "queued" else None
     return job_out(job, QueueInfo(**asdict(entry)) if entry else None)
 
@@ -103,44 +84,20 @@ def get_job(job_id: str, session: SessionDep, services: ServicesDep, principal: 
 def cancel_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> JobOut:
     """Cancel: a queued or paused job at once; a running one stops after its current step and saves a
     checkpoint."""
-    return _control(
-        job_id, services, principal, lambda: control.cancel(services.sessions, job_id=job_id, param="job_id")
-    )
+    return control_job("cancel", job_id, services, principal, NATIVE, job_out)
 
 
 @router.post("/{job_id}/pause", status_code=202, response_model=JobOut, responses=errors(404, 409))
 def pause_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> JobOut:
     """Pause: a queued job at once (`paused`); a running one is `pausing` until it has saved a checkpoint
     after its current step and stopped (`paused`). POST /jobs/{id}/resume continues it from there."""
-    return _control(
-        job_id, services, principal, lambda: control.pause(services.sessions, job_id=job_id, param="job_id")
-    )
+    return control_job("pause", job_id, services, principal, NATIVE, job_out)
 
 
 @router.post("/{job_id}/resume", status_code=202, response_model=JobOut, responses=errors(404, 409))
 def resume_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> JobOut:
     """Resume a paused job: it is queued again and continues from its last checkpoint."""
-    return _control(
-        job_id,
-        services,
-        principal,
-        lambda: control.resume(services.sessions, job_id=job_id, param="job_id"),
-        wake=True,
-    )
-
-
-def _control(
-    job_id: str, services: Services, principal: Principal, act: Callable[[], None], wake: bool = False
-) -> JobOut:
-    """The caller's job after `act` (a models.control action; its Conflict answers 409)."""
-    with services.sessions() as s:
-        _get(s, job_id, principal)
-    act()
-    with services.sessions() as s:
-        out = job_out(_get(s, job_id, principal))
-    if wake:  # after the commit and the read: the answer is the job as resumed, queued
-        services.enqueue(job_id)  # if the broker is down the reaper re-sends it
-    return out
+    return control_job("resume", job_id, services, principal, NATIVE, job_out)
 
 
 @router.delete("/{job_id}", response_model=JobOut, responses=errors(404, 409))
@@ -148,9 +105,9 @@ def delete_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> J
     """Delete a finished job's files (checkpoints, adapter, metrics, logs); its record stays, marked
     deleted, so audits and the dashboard still show it. A job that has not finished: 409 job_not_finished."""
     with session_scope(services.sessions) as s:
-        deleted = jobs_db.mark_deleted(s, job_id=_get(s, job_id, principal).id)
+        deleted = jobs_db.mark_deleted(s, job_id=NATIVE.load(s, job_id, principal).id)
     with services.sessions() as s:
-        job = _get(s, job_id, principal)
+        job = NATIVE.load(s, job_id, principal)
         if not deleted:
             raise Conflict(
                 f"job {job_id} is {job.status}; cancel it or wait for it to finish before deleting it",
@@ -165,51 +122,43 @@ def delete_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> J
 
 @router.get("/{job_id}/events", response_model=EventPage, responses=errors(404))
 def list_events(
-    job_id: str,
+    job: OwnedJob,
     session: SessionDep,
-    principal: PrincipalDep,
     after: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> EventPage:
-    _get(session, job_id, principal)
-    rows, has_more = jobs_db.list_events(session, job_id, after, limit)
+    rows, has_more = jobs_db.list_events(session, job.id, after, limit)
     data: list[EventOut] = [event_out(e) for e in rows]
     return EventPage(data=data, has_more=has_more, next_after=data[-1].id if data else None)
 
 
 @router.get("/{job_id}/metrics", responses=errors(404))
 def get_metrics(
-    job_id: str,
-    session: SessionDep,
-    principal: PrincipalDep,
+    job: OwnedJob,
     services: ServicesDep,
     after_step: Annotated[int, Query(ge=0)] = 0,
 ) -> dict[str, Any]:
     """The per-step training records (loss, lr, grad_norm, tokens/s, ...) in `data` and the
     validation records (eval_loss, eval_token_accuracy) in `eval`, for curves."""
-    _get(session, job_id, principal)
-    records = read_records(services.storage.metrics_path(job_id))  # as they stand after every resume
+    records = read_records(services.storage.metrics_path(job.id))  # as they stand after every resume
     steps = [r.model_dump(mode="json") for r in records if isinstance(r, StepRecord) and r.step > after_step]
     evals = [r.model_dump(mode="json") for r in records if isinstance(r, EvalRecord) and r.step > after_step]
     return {"data": steps, "eval": evals}
 
 
 @router.get("/{job_id}/samples", responses=errors(404))
-def get_samples(
-    job_id: str, session: SessionDep, principal: PrincipalDep, services: ServicesDep
-) -> dict[str, Any]:
+def get_samples(job: OwnedJob, services: ServicesDep) -> dict[str, Any]:
     """Before/after samples (spec.sample_prompts): `latest` is the newest set (the end's once the job
     has finished), `sets` every set in order (each evaluation's with sample_at_eval, then the end's);
     each set is {step, at: eval|end, items: [{prompt, base, tuned}]}. None yet: latest null, sets []."""
-    _get(session, job_id, principal)
-    path = services.storage.samples_path(job_id)  # written atomically by the worker from the records
+    path = services.storage.samples_path(job.id)  # written atomically by the worker from the records
     sets = json.loads(path.read_text())["sets"] if path.is_file() else []
-    return {"job_id": job_id, "latest": sets[-1] if sets else None, "sets": sets}
+    return {"job_id": job.id, "latest": sets[-1] if sets else None, "sets": sets}
 
 
 @router.get("/{job_id}/artifacts", response_model=list[ArtifactOut], responses=errors(404))
-def list_artifacts(job_id: str, session: SessionDep, principal: PrincipalDep) -> list[ArtifactOut]:
-    return [artifact_out(a) for a in _get(session, job_id, principal).artifacts]
+def list_artifacts(job: OwnedJob) -> list[ArtifactOut]:
+    return [artifact_out(a) for a in job.artifacts]
 
 
 @router.get(
@@ -220,12 +169,9 @@ def list_artifacts(job_id: str, session: SessionDep, principal: PrincipalDep) ->
         **errors(404, 409),
     },
 )
-def download_adapter(
-    job_id: str, session: SessionDep, services: ServicesDep, principal: PrincipalDep
-) -> FileResponse:
+def download_adapter(job: OwnedJob, session: SessionDep, services: ServicesDep) -> FileResponse:
     """The trained adapter as .tar.gz: adapter_config.json, adapter_model.safetensors, README.md."""
-    job = _get(session, job_id, principal)
-    return _archive_response(session, job, "adapter", services.storage.adapter_archive(job_id))
+    return _archive_response(session, job, "adapter", services.storage.adapter_archive(job.id))
 
 
 @router.get(
@@ -236,22 +182,19 @@ def download_adapter(
         **errors(404, 409),
     },
 )
-def download_merged(
-    job_id: str, session: SessionDep, services: ServicesDep, principal: PrincipalDep
-) -> FileResponse:
+def download_merged(job: OwnedJob, session: SessionDep, services: ServicesDep) -> FileResponse:
     """The base model with the adapter merged in (`export: merged`) as .tar.gz: config.json,
     model.safetensors, tokenizer files. Loads with AutoModelForCausalLM.from_pretrained."""
-    job = _get(session, job_id, principal)
     if job.spec.get("export") != "merged":
         raise Conflict(
-            f'job {job_id} was not asked for a merged export (set "export": "merged")',
+            f'job {job.id} was not asked for a merged export (set "export": "merged")',
             code="merged_not_requested",
             param="job_id",
         )
-    return _archive_response(session, job, "merged", services.storage.merged_archive(job_id))
+    return _archive_response(session, job, "merged", services.storage.merged_archive(job.id))
 
 
-def _archive_response(session: Any, job: Job, kind: str, path: Path) -> FileResponse:
+def _archive_response(session: Session, job: Job, kind: str, path: Path) -> FileResponse:
     """A finished job's archive of `kind`, or 409 <kind>_not_ready while it is not there yet."""
     if job.deleted_at is not None:
         raise NotFound(f"job {job.id} was deleted with its files", code=f"{kind}_deleted", param="job_id")

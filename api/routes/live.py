@@ -10,8 +10,8 @@ from starlette.background import BackgroundTask
 
 from api.auth import PrincipalDep
 from api.deps import ServicesDep, SessionDep
+from api.owned import NATIVE, OwnedJob
 from api.responses import AUTHED, errors
-from api.routes.jobs import _get
 from api.sse import event_stream
 from core.archive import write_tar_gz
 from core.errors import InvalidInput, NotFound
@@ -52,7 +52,7 @@ def stream_events(
     """The job's events as they happen (SSE); ends with an `end` event once the job is terminal."""
     # A short session, not SessionDep: that one would hold a connection for the stream's whole life.
     with services.sessions() as s:
-        _get(s, job_id, principal)  # 404 before any byte is streamed
+        NATIVE.load(s, job_id, principal)  # 404 before any byte is streamed
     start = _resume_point(after, last_event_id)
     return StreamingResponse(
         event_stream(services, job_id, start, request.is_disconnected),
@@ -64,24 +64,21 @@ def stream_events(
 
 @router.get("/{job_id}/plan", response_model=Plan)
 def get_plan(
-    job_id: str,
-    session: SessionDep,
+    job: OwnedJob,
     services: ServicesDep,
-    principal: PrincipalDep,
     stage: Literal["current", "admission"] = "current",
 ) -> Any:
     """The job's memory plan (itemised), to compare with the measured peak. `current`: the plan it runs
     under, re-made from its data's lengths once its token statistics are ready and on the worker that
     claims it; `admission`: the plan it was admitted on (the worst case: every micro-batch max_seq_len
     tokens)."""
-    _get(session, job_id, principal)
     storage = services.storage
-    path = storage.admission_plan_path(job_id) if stage == "admission" else storage.plan_path(job_id)
+    path = storage.admission_plan_path(job.id) if stage == "admission" else storage.plan_path(job.id)
     if stage == "admission" and not path.is_file():  # admitted before the admission plan was kept apart
-        path = storage.plan_path(job_id)
+        path = storage.plan_path(job.id)
     if not path.is_file():
         raise NotFound(
-            f"job {job_id} was admitted without a plan (no worker had reported its devices)",
+            f"job {job.id} was admitted without a plan (no worker had reported its devices)",
             code="plan_not_found",
             param="job_id",
         )
@@ -94,16 +91,15 @@ def get_plan(
     responses={200: {"content": {"application/gzip": {}}, "description": "the artifact as .tar.gz"}},
 )
 def download_artifact(
-    job_id: str, artifact_id: str, session: SessionDep, services: ServicesDep, principal: PrincipalDep
+    job: OwnedJob, artifact_id: str, session: SessionDep, services: ServicesDep
 ) -> FileResponse:
     """An adapter archive or a checkpoint directory, as .tar.gz."""
-    _get(session, job_id, principal)
     art = session.get(Artifact, artifact_id)
-    if art is None or art.job_id != job_id:
+    if art is None or art.job_id != job.id:
         raise NotFound(f"artifact {artifact_id!r} not found", code="artifact_not_found", param="artifact_id")
     # relpath was written by the worker from known names (see models.tables.Artifact), never user input.
-    path = services.storage.job_dir(job_id) / art.relpath
-    name = f"ftune-{job_id[:8]}-{art.relpath.replace('/', '-')}"
+    path = services.storage.job_dir(job.id) / art.relpath
+    name = f"ftune-{job.id[:8]}-{art.relpath.replace('/', '-')}"
     headers = {"X-Checksum-Sha256": art.sha256}
     if path.is_file():
         return FileResponse(path, media_type="application/gzip", filename=name, headers=headers)
