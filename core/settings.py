@@ -102,3 +102,13 @@ class Settings(BaseSettings):
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+    # Chat completions and the engine (docs/inference.md). The engine's key (vLLM's --api-key): when set,
+    # ftune's engine wants `Authorization: Bearer <key>` on every route but /health, and the API and the
+    # workers send it; `ftune up` makes one for its own engine. Per tenant, at most this many chat requests
+    # at once in an API process (429 past it); n x max_tokens at most this many tokens; vLLM's ignore_eos
+    # only where the operator allows it. ftune's engine stops a generation after this many seconds.
+    inference_api_key: str = ""
+    chat_max_concurrent_per_tenant: int = Field(default=2, ge=1)
+    chat_max_total_tokens: int = Field(default=4096, ge=1)
+    chat_allow_ignore_eos: bool = False
+    inference_generation_seconds: float = Field(default=120, gt=0)

@@ -153,11 +153,16 @@ class Engine:
         prepared: Prepared,
         on_text: Callable[[str], None] = lambda _: None,
         cancelled: threading.Event | None = None,
+        deadline: float | None = None,
     ) -> Completion:
-        """One completion of a started request (call right after start: the model is set for it)."""
-        from inference.generation import generate
+        """One completion of a started request (call right after start: the model is set for it); it ends
+        at the next token once `cancelled` is set or time.monotonic() passes `deadline` (finish "length")."""
+        from functools import partial
+
+        from inference.generation import generate as generate_one
 
         p = prepared
+        generate = partial(generate_one, deadline=deadline)
         if p.base_only and _is_peft(p.model):
             if not p.model.peft_config:  # type: ignore[attr-defined]
                 # every adapter evicted: the wrapped layers hold none, the inner model is the plain base

@@ -3,12 +3,14 @@
 `generate` itself decodes (greedy for temperature 0, else sampling with temperature and top_p, no top-k),
 so the engine's tokens are those of a plain `generate` call. A streamer receives each new token; text is
 released as soon as it cannot be the start of a stop string, and a stop string or a cancelled request
-ends generation at the next step through a stopping criterion.
+ends generation at the next step through a stopping criterion, as does a deadline (wall clock): a
+completion cut by it ends like one cut by max_tokens, with finish_reason "length".
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -97,8 +99,10 @@ def generate(
     sampling: Sampling,
     on_text: Callable[[str], None],
     cancelled: threading.Event | None = None,
+    deadline: float | None = None,
 ) -> Completion:
-    """Generate one completion of `prompt` with `model` as it is set; `on_text` gets each released piece."""
+    """Generate one completion of `prompt` with `model` as it is set; `on_text` gets each released piece.
+    Generation stops at the next token once `cancelled` is set or time.monotonic() passes `deadline`."""
     from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
     from transformers.generation.streamers import BaseStreamer
 
@@ -122,7 +126,11 @@ def generate(
 
     class Stop(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs) -> torch.Tensor:
-            done = decoder.stopped or (cancelled is not None and cancelled.is_set())
+            done = (
+                decoder.stopped
+                or (cancelled is not None and cancelled.is_set())
+                or (deadline is not None and time.monotonic() >= deadline)
+            )
             return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
     config = GenerationConfig(

@@ -16,7 +16,9 @@ from inference.errors import invalid
 from inference.generation import Sampling
 
 MAX_N = 16
-MAX_STOPS = 16
+# OpenAI's limits: each stop string is searched for in the text after every token
+MAX_STOPS = 4
+MAX_STOP_CHARS = 64
 
 
 class ChatMessage(BaseModel):
@@ -74,8 +76,10 @@ class ChatRequest(BaseModel):
     @classmethod
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
         stops = [v] if isinstance(v, str) else (v or [])
-        if len(stops) > MAX_STOPS or any(not s for s in stops):
-            raise ValueError(f"stop takes up to {MAX_STOPS} non-empty strings")
+        if len(stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(
+                f"stop takes up to {MAX_STOPS} non-empty strings of up to {MAX_STOP_CHARS} characters"
+            )
         return v
 
     def refuse_unsupported(self) -> None:

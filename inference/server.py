@@ -1,17 +1,26 @@
 """The engine's HTTP surface, shaped like vLLM's OpenAI server (`vllm serve --enable-lora`).
 
   python -m inference.server --host 127.0.0.1 --port 8001 [--max-adapters 8] [--max-waiting 32]
-                             [--timeout-seconds 120] [--memory-bytes N] [--adapter-root DIR]
+                             [--timeout-seconds 120] [--generation-seconds 120] [--memory-bytes N]
+                             [--adapter-root DIR]
 
 GET /health, GET /v1/models, POST /v1/chat/completions (OpenAI's shapes, SSE when stream), and vLLM's
 POST /v1/load_lora_adapter {"lora_name", "lora_path", "base_model"?} and /v1/unload_lora_adapter
 {"lora_name"} (200 with a plain-text line, as vLLM answers). Errors are OpenAI's error object.
 Base models come from the catalog (FTUNE_MODELS_DIR, FTUNE_HF_CACHE_DIR), as everywhere in ftune.
+
+With FTUNE_INFERENCE_API_KEY set (as vLLM's --api-key), every route but GET /health wants
+`Authorization: Bearer <key>` (401 otherwise). A request generates for at most --generation-seconds
+(FTUNE_INFERENCE_GENERATION_SECONDS) of wall clock, all its choices together; the text so far is the answer,
+finish_reason "length" (what OpenAI clients know as cut short). A client that goes away, streaming or
+not, stops its generation at the next token.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import hmac
 import json
 import logging
 import time
@@ -23,19 +32,55 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core.catalog import Catalog
 from core.errors import FtuneError, status_for
 from inference.engine import Engine, seed_everything
 from inference.errors import EngineError
+from inference.generation import Completion
 from inference.scheduler import DONE, Scheduler, Ticket
 from inference.schemas import ChatRequest, LoadAdapter, UnloadAdapter
 
 log = logging.getLogger("ftune.inference")
 
 
-def create_app(engine: Engine, *, max_waiting: int = 32, timeout_seconds: float = 120.0) -> FastAPI:
+class RequireKey:
+    """Every HTTP route but GET /health wants `Authorization: Bearer <key>`; 401 in OpenAI's shape."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app = app
+        self.key = key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health" and not self._allowed(scope):
+            error = EngineError(401, "invalid_api_key", "a valid Authorization: Bearer key is required")
+            refusal = JSONResponse(error.body(), 401, headers={"WWW-Authenticate": "Bearer"})
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _allowed(self, scope: Scope) -> bool:
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = given.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away (its body is read: the next message is http.disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(
+    engine: Engine,
+    *,
+    max_waiting: int = 32,
+    timeout_seconds: float = 120.0,
+    generation_seconds: float = 120.0,
+    api_key: str = "",
+) -> FastAPI:
     scheduler = Scheduler(max_waiting=max_waiting, timeout_seconds=timeout_seconds)
 
     @asynccontextmanager
@@ -45,6 +90,8 @@ def create_app(engine: Engine, *, max_waiting: int = 32, timeout_seconds: float 
 
     app = FastAPI(title="ftune inference engine", lifespan=lifespan)
     app.state.engine, app.state.scheduler = engine, scheduler
+    if api_key:
+        app.add_middleware(RequireKey, key=api_key)
 
     @app.exception_handler(EngineError)
     async def _engine_error(_: Request, e: EngineError) -> JSONResponse:
@@ -88,7 +135,7 @@ def create_app(engine: Engine, *, max_waiting: int = 32, timeout_seconds: float 
                 "object": "model",
                 "created": now,
                 "owned_by": "ftune",
-                "root": str(a.path),
+                "root": a.name,  # never the adapter's path on this machine
                 "parent": a.base,
             }
             for a in engine.adapters()
@@ -106,12 +153,13 @@ def create_app(engine: Engine, *, max_waiting: int = 32, timeout_seconds: float 
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatRequest) -> JSONResponse | StreamingResponse:
+    async def chat_completions(request: Request, body: ChatRequest) -> Response:
         body.refuse_unsupported()
         target = engine.resolve(body.model)
         messages, sampling = body.chat_messages(), body.sampling()
 
         def work(ticket: Ticket) -> None:
+            deadline = time.monotonic() + generation_seconds  # for all the request's choices together
             prepared = engine.start(target, messages, sampling)
             ticket.emit(("ready", len(prepared.prompt)))
             if body.seed is not None:
@@ -121,26 +169,50 @@ def create_app(engine: Engine, *, max_waiting: int = 32, timeout_seconds: float 
                 def delta(text: str, i: int = i) -> None:
                     ticket.emit(("delta", i, text))
 
-                done = engine.generate(prepared, delta, ticket.cancelled)
+                if time.monotonic() < deadline:
+                    done = engine.generate(prepared, delta, ticket.cancelled, deadline)
+                else:
+                    done = Completion()  # no time left for this choice: empty, cut short ("length")
                 ticket.emit(("finish", i, done))
                 if ticket.cancelled.is_set():
                     return
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "a request for %s was cut at its %g s generation deadline", body.model, generation_seconds
+                )
 
         ticket = scheduler.submit(work)
-        try:
+
+        async def answer() -> Response:
             await scheduler.wait_start(ticket)
             _, prompt_tokens = await _next(ticket)
+            reply = Reply(body, prompt_tokens)
+            if not body.stream:
+                return JSONResponse(await reply.collect(ticket))
+            return StreamingResponse(  # a client gone mid-stream: Reply.stream withdraws the ticket
+                reply.stream(ticket, scheduler),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+
+        # Until the answer is ready (the whole of it when not streaming), watch for the client going away:
+        # then the request leaves the line, or its generation stops at the next token.
+        answering, gone = asyncio.ensure_future(answer()), asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({answering, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not answering.done():
+                answering.cancel()
+                scheduler.withdraw(ticket)
+        if answering.cancelled():
+            log.info("a client of %s went away before its answer; generation stopped", body.model)
+            return Response(status_code=499)  # nobody reads it
+        try:
+            return answering.result()
         except BaseException:
             scheduler.withdraw(ticket)
             raise
-        reply = Reply(body, prompt_tokens)
-        if not body.stream:
-            return JSONResponse(await reply.collect(ticket))
-        return StreamingResponse(
-            reply.stream(ticket, scheduler),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
 
     return app
 
@@ -242,6 +314,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-adapters", type=int, default=8, help="LoRA adapters resident per base model")
     p.add_argument("--max-waiting", type=int, default=32, help="requests waiting beyond it get 429")
     p.add_argument("--timeout-seconds", type=float, default=120.0, help="a wait longer than this gets 504")
+    p.add_argument(
+        "--generation-seconds",
+        type=float,
+        default=None,
+        help="a request generates for at most this long (default FTUNE_INFERENCE_GENERATION_SECONDS)",
+    )
     p.add_argument("--memory-bytes", type=int, default=None, help="bound on base + adapters + buffers")
     p.add_argument("--adapter-root", type=Path, default=None, help="accept lora_path only under this dir")
     return p.parse_args(argv)
@@ -260,7 +338,13 @@ def main(argv: list[str] | None = None) -> None:
         memory_bytes=args.memory_bytes,
         adapter_root=args.adapter_root.resolve() if args.adapter_root else None,
     )
-    app = create_app(engine, max_waiting=args.max_waiting, timeout_seconds=args.timeout_seconds)
+    app = create_app(
+        engine,
+        max_waiting=args.max_waiting,
+        timeout_seconds=args.timeout_seconds,
+        generation_seconds=args.generation_seconds or settings.inference_generation_seconds,
+        api_key=settings.inference_api_key,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
 
 

@@ -4,6 +4,7 @@ plain transformers / peft generate."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -147,6 +148,13 @@ def test_stop_strings_sampling_seed_and_length(catalog: Catalog, make_adapter: C
     gone = threading.Event()
     prepared = engine.start(target, MESSAGES, Sampling(max_tokens=20, temperature=0, ignore_eos=True))
     assert engine.generate(prepared, lambda _: gone.set(), gone).tokens < 5
+
+    # a deadline (wall clock) ends a long generation like max_tokens does: finish_reason "length"
+    prepared = engine.start(target, MESSAGES, Sampling(max_tokens=400, temperature=0, ignore_eos=True))
+    started = time.monotonic()
+    timed = engine.generate(prepared, deadline=started + 0.3)
+    assert timed.finish_reason == "length" and 0 < timed.tokens < 400
+    assert time.monotonic() - started < 2
 
     sampled = Sampling(max_tokens=10, temperature=1.0, top_p=0.9)
     one = engine.complete(target, MESSAGES, sampled, seed=7)[1].token_ids

@@ -1,5 +1,6 @@
 """The engine as the API sees it: a real `python -m inference.server` process, driven by the official
-openai SDK (and httpx for vLLM's adapter endpoints, which the SDK does not have)."""
+openai SDK (and httpx for vLLM's adapter endpoints, which the SDK does not have). It runs with a key
+(FTUNE_INFERENCE_API_KEY) and a generation deadline of GENERATION_S."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ from tests.inference.conftest import BASE
 
 REPO = Path(__file__).resolve().parents[2]
 USER = [{"role": "user", "content": "Name a river."}]
+KEY = "engine-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+GENERATION_S = 10
+LONG = 480  # tokens: about the tiny model's whole context (512), several seconds on a CPU
 
 pytestmark = pytest.mark.slow
 
@@ -32,13 +37,15 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def engine_url(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The engine on a free port over the tiny model's catalog, at most 2 requests waiting."""
+    """The engine on a free port over the tiny model's catalog, at most 2 requests waiting, with a key."""
     port = free_port()
     tmp = tmp_path_factory.mktemp("engine")
     env = {
         **os.environ,
         "FTUNE_MODELS_DIR": str(tiny_model.parent),
         "FTUNE_HF_CACHE_DIR": str(tmp / "no-hf-cache"),
+        "FTUNE_INFERENCE_API_KEY": KEY,
+        "FTUNE_INFERENCE_GENERATION_SECONDS": str(GENERATION_S),
     }
     log = (tmp / "engine.log").open("w")
     cmd = [sys.executable, "-m", "inference.server", "--port", str(port), "--max-waiting", "2"]
@@ -64,7 +71,7 @@ def engine_url(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 @pytest.fixture
 def client(engine_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{engine_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=f"{engine_url}/v1", api_key=KEY, max_retries=0, timeout=120)
 
 
 def test_chat_completions_plain_and_streamed(client: openai.OpenAI) -> None:
@@ -106,8 +113,10 @@ def test_load_lora_adapter_then_chat_with_its_name(
 ) -> None:
     adapter = make_adapter(42)
     body = {"lora_name": "ft:tiny:test::abc", "lora_path": str(adapter)}
-    assert httpx.post(f"{engine_url}/v1/load_lora_adapter", json=body).status_code == 200
-    assert httpx.post(f"{engine_url}/v1/load_lora_adapter", json=body).status_code == 200  # idempotent
+    assert httpx.post(f"{engine_url}/v1/load_lora_adapter", json=body, headers=AUTH).status_code == 200
+    assert (
+        httpx.post(f"{engine_url}/v1/load_lora_adapter", json=body, headers=AUTH).status_code == 200
+    )  # idempotent
     listed = {m.id: m for m in client.models.list()}
     assert BASE in listed and "ft:tiny:test::abc" in listed
 
@@ -118,13 +127,15 @@ def test_load_lora_adapter_then_chat_with_its_name(
     assert tuned.model == "ft:tiny:test::abc"
     assert tuned.choices[0].message.content != base.choices[0].message.content
 
-    bad = httpx.post(f"{engine_url}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(REPO)})
+    bad = httpx.post(
+        f"{engine_url}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(REPO)}, headers=AUTH
+    )
     assert bad.status_code == 400
     assert bad.json()["error"]["code"] == "invalid_adapter" and bad.json()["error"]["param"] == "lora_path"
 
     unload = {"lora_name": "ft:tiny:test::abc"}
-    assert httpx.post(f"{engine_url}/v1/unload_lora_adapter", json=unload).status_code == 200
-    assert httpx.post(f"{engine_url}/v1/unload_lora_adapter", json=unload).status_code == 404
+    assert httpx.post(f"{engine_url}/v1/unload_lora_adapter", json=unload, headers=AUTH).status_code == 200
+    assert httpx.post(f"{engine_url}/v1/unload_lora_adapter", json=unload, headers=AUTH).status_code == 404
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="ft:tiny:test::abc", messages=USER, max_tokens=2)
 
@@ -176,3 +187,72 @@ def test_beyond_max_waiting_is_429_and_the_rest_are_answered(client: openai.Open
     # the line drained: a new request is answered
     after = client.chat.completions.create(model=BASE, messages=USER, max_tokens=2, temperature=0)
     assert after.choices[0].message.content is not None
+
+
+def test_every_route_but_health_wants_the_key_and_models_show_no_paths(
+    engine_url: str, make_adapter: Callable[..., Path]
+) -> None:
+    assert httpx.get(f"{engine_url}/health").status_code == 200
+    chat = {"model": BASE, "messages": USER, "max_tokens": 1}
+    adapter = make_adapter(7)
+    load = {"lora_name": "ft:tiny:keyed::abc", "lora_path": str(adapter)}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        for method, path, body in (
+            ("GET", "/v1/models", None),
+            ("POST", "/v1/chat/completions", chat),
+            ("POST", "/v1/load_lora_adapter", load),
+            ("POST", "/v1/unload_lora_adapter", {"lora_name": "x"}),
+            ("GET", "/openapi.json", None),
+        ):
+            r = httpx.request(method, f"{engine_url}{path}", json=body, headers=headers)
+            assert r.status_code == 401, (path, headers, r.text)
+            assert r.json()["error"]["code"] == "invalid_api_key"
+    wrong = openai.OpenAI(base_url=f"{engine_url}/v1", api_key="wrong", max_retries=0)
+    with wrong, pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+
+    assert httpx.post(f"{engine_url}/v1/load_lora_adapter", json=load, headers=AUTH).status_code == 200
+    listed = httpx.get(f"{engine_url}/v1/models", headers=AUTH)
+    assert listed.status_code == 200 and "ft:tiny:keyed::abc" in listed.text
+    assert str(adapter) not in listed.text and str(adapter.parent) not in listed.text
+    assert all(not str(m["root"]).startswith("/") for m in listed.json()["data"])
+
+
+def test_a_non_streaming_client_that_goes_away_frees_the_engine(
+    client: openai.OpenAI, engine_url: str
+) -> None:
+    """n=4 choices of LONG tokens each (tens of seconds), dropped by its client after 1.5 s: the engine stops
+    generating it, and the next request is answered within seconds (well before the deadline)."""
+    hog = {"model": BASE, "messages": USER, "n": 4, "max_tokens": LONG, "ignore_eos": True, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{engine_url}/v1/chat/completions", json=hog, headers=AUTH, timeout=1.5)
+    started = time.monotonic()
+    quick = client.chat.completions.create(model=BASE, messages=USER, max_tokens=1, temperature=0)
+    assert quick.choices[0].message.content is not None
+    assert time.monotonic() - started < GENERATION_S / 2
+
+
+def test_the_generation_deadline_ends_a_long_generation(client: openai.OpenAI) -> None:
+    """4 x LONG tokens take far longer than GENERATION_S: the answer comes at the deadline, cut short with
+    finish_reason "length" (the choices it left no time for are empty)."""
+    started = time.monotonic()
+    reply = client.chat.completions.create(
+        model=BASE, messages=USER, n=4, max_tokens=LONG, temperature=0, extra_body={"ignore_eos": True}
+    )
+    elapsed = time.monotonic() - started
+    assert GENERATION_S - 1 < elapsed < GENERATION_S + 8, elapsed
+    assert [c.finish_reason for c in reply.choices] == ["length"] * 4
+    assert reply.usage is not None and 0 < reply.usage.completion_tokens < 4 * LONG
+    # the engine is free again
+    assert client.chat.completions.create(model=BASE, messages=USER, max_tokens=1).choices
+
+
+def test_stop_strings_are_bounded_as_openai_bounds_them(client: openai.OpenAI) -> None:
+    for stop in (["a", "b", "c", "d", "e"], "x" * 65, ["ok", "y" * 60_000]):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=BASE, messages=USER, max_tokens=1, stop=stop)
+        assert e.value.body["param"] == "stop"  # type: ignore[index]
+    four = client.chat.completions.create(
+        model=BASE, messages=USER, max_tokens=2, stop=["a", "b", "c", "d" * 64]
+    )
+    assert four.choices
