@@ -5,6 +5,8 @@ The engine is ftune's own (`python -m inference.server`, started by `ftune up`) 
 (docs/inference.md). ftune registers an adapter with `POST /v1/load_lora_adapter` before the first
 request that names it, remembers what it registered, and registers again when the engine answers 404 for
 it (the engine restarted and forgot). Everything is async: a slow generation never holds the event loop.
+With FTUNE_INFERENCE_API_KEY set, every request carries `Authorization: Bearer <key>` (ftune's engine and
+vLLM's --api-key want it).
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ class Adapter:
     base_model: str
 
 
+def auth_headers(api_key: str) -> dict[str, str]:
+    """The engine's key as its requests carry it (none without a key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 class EngineError(Exception):
     """The engine refused a request (any status >= 400); its answer is passed on to the caller."""
 
@@ -37,12 +44,16 @@ class EngineError(Exception):
 
 
 class InferenceClient:
-    def __init__(self, base_url: str, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self, base_url: str, api_key: str = "", transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
             transport=transport,
+            headers=auth_headers(api_key),
         )
         self._loaded: dict[str, Path] = {}  # lora_name -> the path registered under it
         self._lock = asyncio.Lock()  # one registration at a time: loading is rare and the engine serial
@@ -69,7 +80,8 @@ class InferenceClient:
             self._loaded[adapter.name] = adapter.path
 
     async def open_chat(self, body: bytes) -> httpx.Response:
-        """POST the caller's body unchanged; the answer is open for streaming (the caller closes it)."""
+        """POST a chat body (the API's re-serialised request); the answer is open for streaming (the caller
+        closes it: closing it early drops the connection, which stops the engine's generation)."""
         request = self._http.build_request(
             "POST", "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
         )

@@ -156,6 +156,9 @@ def up(settings: Settings) -> int:
     if not settings.inference_url:  # ftune's own engine, on the training worker's device
         from core.errors import FtuneError
 
+        # the engine wants this key on every route but /health; the API and the workers send it
+        env["FTUNE_INFERENCE_API_KEY"] = settings.inference_api_key or secrets.token_urlsafe(32)
+
         try:
             engine_plan = plan_engine(settings, env)
         except FtuneError as e:

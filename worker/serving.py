@@ -3,7 +3,8 @@
 When a job succeeds its adapter is registered with the engine's `POST /v1/load_lora_adapter` (vLLM's
 runtime LoRA loading, which ftune's own engine answers too) under its `ft:` name, so a vLLM server lists
 and serves it before anyone asks and the first chat request does not wait for the load. Best effort: the
-API registers an adapter before the first request that names it anyway (api/inference_client.py).
+API registers an adapter before the first request that names it anyway (api/inference_client.py). The
+engine's key (FTUNE_INFERENCE_API_KEY), when set, goes with it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def announce_adapter(settings: Settings, storage: Storage, job: Job) -> bool:
     }
     url = settings.inference_url.rstrip("/") + "/v1/load_lora_adapter"
     try:
-        r = httpx.post(url, json=body, timeout=TIMEOUT_S)
+        headers = {"Authorization": f"Bearer {key}"} if (key := settings.inference_api_key) else {}
+        r = httpx.post(url, json=body, headers=headers, timeout=TIMEOUT_S)
     except httpx.HTTPError as e:
         log.warning("job %s: inference engine %s unreachable (%s); it loads on first use", job.id, url, e)
         return False

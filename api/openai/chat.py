@@ -2,38 +2,47 @@
 
 ftune checks what is cheap and what only it knows (the key, the caller's right to the model, bounds on
 the request), registers a fine-tuned model's adapter with the inference engine (api/inference_client.py),
-then forwards the body unchanged and passes the engine's answer back as it comes: JSON, or server-sent
-events for `stream: true`. The engine's errors (404 model_not_found, 429 engine_overloaded with
-Retry-After, 504 engine_timeout, 400) keep their status and OpenAI-shaped body; an engine that cannot be
-reached is 503 inference_unavailable.
+then forwards the request and passes the engine's answer back as it comes: JSON, or server-sent events for
+`stream: true`. What goes to the engine is the request as ftune's schema read it (ChatCompletionRequest:
+the fields ftune supports, re-serialised), never the caller's bytes. The engine's errors (404
+model_not_found, 429 engine_overloaded with Retry-After, 504 engine_timeout, 400) keep their status and
+OpenAI-shaped body; an engine that cannot be reached is 503 inference_unavailable, without its address.
+
+Under a hostile tenant: at most FTUNE_CHAT_MAX_CONCURRENT_PER_TENANT requests of a tenant at once in this
+process (429 past it, with Retry-After), n x max_tokens at most FTUNE_CHAT_MAX_TOTAL_TOKENS, stop strings
+as OpenAI bounds them, vLLM's ignore_eos only with FTUNE_CHAT_ALLOW_IGNORE_EOS; a client that goes away
+(streaming or not) closes the engine's request, which stops its generation.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 import httpx
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
-from starlette.background import BackgroundTask
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from api.auth import PrincipalDep
 from api.deps import Services, ServicesDep
 from api.inference_client import Adapter, EngineError, InferenceClient
 from api.openai.errors import AUTHED, OpenAIErrorResponse, OpenAIRoute, documented, error_response
 from core import ft_names
-from core.errors import FtuneError, NotFound, Unavailable
+from core.errors import FtuneError, InvalidInput, NotFound, RateLimited, Unavailable
+from core.settings import Settings
 from models import served
 from models.tenants import Principal
 
 log = logging.getLogger(__name__)
 
 ENGINE_ERRORS: dict[int | str, dict[str, Any]] = {
+    429: {"model": OpenAIErrorResponse, "description": "Too many chat requests of this organization at once"},
     503: {"model": OpenAIErrorResponse, "description": "No inference engine, or it cannot be reached"},
     504: {"model": OpenAIErrorResponse, "description": "The inference engine did not answer in time"},
 }
@@ -44,20 +53,37 @@ router = APIRouter(
 # Bounds checked before anything reaches the engine (which checks the context length itself).
 MAX_N = 16
 MAX_TOKENS = 32768
+MAX_STOPS, MAX_STOP_CHARS = 4, 64  # OpenAI's
 PASSED_HEADERS = ("retry-after",)  # of an engine's error answer, e.g. 429's
+UNAVAILABLE = "the inference engine is unavailable; try again shortly"
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")  # name, tool_calls, ... go to the engine as sent
+    model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[Any] | None = None
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool | None = None
 
 
 class ChatCompletionRequest(BaseModel):
-    """What ftune checks; the engine gets the body as sent, every other field included."""
+    """The fields ftune supports; the engine gets these as read here (other fields are dropped, as
+    OpenAI-compatible servers ignore fields they do not know)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="ignore")
 
     model: str = Field(min_length=1)
     messages: list[ChatMessage] = Field(min_length=1)
@@ -66,7 +92,108 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
     stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool | None = None  # vLLM's extension: exactly max_tokens (FTUNE_CHAT_ALLOW_IGNORE_EOS)
+    # OpenAI's, not implemented: refused unless left at their defaults (check()), never forwarded
+    response_format: dict[str, Any] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logprobs: bool | None = None
+    tools: list[Any] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        each = [value] if isinstance(value, str) else list(value or ())
+        if len(each) <= MAX_STOPS and all(0 < len(stop) <= MAX_STOP_CHARS for stop in each):
+            return value
+        raise ValueError(f"up to {MAX_STOPS} non-empty strings of up to {MAX_STOP_CHARS} characters")
+
+    def check(self, settings: Settings) -> None:
+        """The operator's bounds, and what ftune does not implement: 400 naming the parameter."""
+        for name in ("tools", "logprobs", "frequency_penalty", "presence_penalty"):
+            if getattr(self, name):
+                raise InvalidInput(f"{name} is not supported", code="unsupported_parameter", param=name)
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise InvalidInput(
+                "only response_format type text is supported",
+                code="unsupported_parameter",
+                param="response_format",
+            )
+        if self.ignore_eos and not settings.chat_allow_ignore_eos:
+            raise InvalidInput(
+                "ignore_eos is not allowed on this server", code="invalid_request", param="ignore_eos"
+            )
+        field = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+        tokens, n, cap = getattr(self, field), self.n or 1, settings.chat_max_total_tokens
+        if tokens is not None and n * tokens > cap:
+            raise InvalidInput(
+                f"{field}: n x {field} ({n} x {tokens}) is over this server's limit of {cap} tokens",
+                code="invalid_request",
+                param=field,
+            )
+
+    def forwarded(self) -> bytes:
+        """What the engine gets: the supported fields as read, re-serialised."""
+        keep = set(type(self).model_fields) - {"tools", "logprobs", "frequency_penalty", "presence_penalty"}
+        keep -= {"response_format"}
+        body = self.model_dump(include=keep, exclude_unset=True, exclude_none=True)
+        return json.dumps(body).encode()
+
+
+class TenantSlots:
+    """At most `limit` chat requests of each tenant at once in this process (the engine is shared)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held: dict[str, int] = {}
+
+    def take(self, tenant_id: str) -> Callable[[], None]:
+        """A slot of the tenant's (429 when it has none left), and its release (idempotent)."""
+        if self.held.get(tenant_id, 0) >= self.limit:
+            raise RateLimited(
+                f"this organization has {self.limit} chat completions running, its limit; retry later",
+                retry_after=1,
+                code="too_many_concurrent_requests",
+            )
+        self.held[tenant_id] = self.held.get(tenant_id, 0) + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                left = self.held[tenant_id] - 1
+                if left:
+                    self.held[tenant_id] = left
+                else:
+                    del self.held[tenant_id]
+
+        return release
+
+
+def tenant_slots(request: Request, settings: Settings) -> TenantSlots:
+    slots: TenantSlots | None = getattr(request.app.state, "chat_slots", None)
+    if slots is None or slots.limit != settings.chat_max_concurrent_per_tenant:
+        slots = request.app.state.chat_slots = TenantSlots(settings.chat_max_concurrent_per_tenant)
+    return slots
+
+
+class HeldStream(StreamingResponse):
+    """A stream that runs `finish` when it ends, however it ends (done, client gone, error)."""
+
+    def __init__(self, *args: Any, finish: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.finish = finish
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.finish()
 
 
 def model_not_found(model: str, why: str = "") -> NotFound:
@@ -101,24 +228,21 @@ def resolve(services: Services, model: str, principal: Principal) -> Adapter | N
 def engine_of(request: Request, services: Services) -> InferenceClient:
     """The app's one client of the engine (its connection pool and the adapters it registered)."""
     client: InferenceClient | None = getattr(request.app.state, "inference", None)
-    url = services.settings.inference_url
+    url, key = services.settings.inference_url, services.settings.inference_api_key
     if not url:
         raise Unavailable(
             "no inference engine is configured: set FTUNE_INFERENCE_URL (ftune up starts one)",
             code="inference_unavailable",
         )
-    if client is None or client.base_url != url.rstrip("/"):
-        client = request.app.state.inference = InferenceClient(url)
+    if client is None or (client.base_url, client.api_key) != (url.rstrip("/"), key):
+        client = request.app.state.inference = InferenceClient(url, key)
     return client
 
 
-def unreachable(engine: InferenceClient, exc: httpx.HTTPError) -> Unavailable:
-    log.warning("inference engine at %s: %r", engine.base_url, exc)
-    return Unavailable(
-        f"the inference engine at {engine.base_url} cannot be reached ({type(exc).__name__}); "
-        "try again shortly",
-        code="inference_unavailable",
-    )
+def unavailable(engine: InferenceClient, why: object) -> JSONResponse:
+    """503 inference_unavailable; the engine's address and the reason go to the log, not to the tenant."""
+    log.warning("inference engine at %s: %s", engine.base_url, why)
+    return error_response(503, UNAVAILABLE, "inference_unavailable")
 
 
 def failed(engine: InferenceClient, exc: httpx.HTTPError) -> JSONResponse:
@@ -126,12 +250,14 @@ def failed(engine: InferenceClient, exc: httpx.HTTPError) -> JSONResponse:
     if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
         log.warning("inference engine at %s timed out: %r", engine.base_url, exc)
         return error_response(504, "the inference engine did not answer in time", "engine_timeout")
-    error = unreachable(engine, exc)
-    return error_response(503, error.message, error.code)
+    return unavailable(engine, repr(exc))
 
 
-def passed_on(response: httpx.Response, body: bytes) -> JSONResponse:
-    """The engine's error answer with its status; OpenAI's shape when the engine wrote another one."""
+def passed_on(engine: InferenceClient, response: httpx.Response, body: bytes) -> JSONResponse:
+    """The engine's error answer with its status; OpenAI's shape when the engine wrote another one. What is
+    the engine's business stays in the log: a refused key (401/403) or a failure of its own (500) is 503."""
+    if response.status_code in (401, 403) or response.status_code in (500, 502):
+        return unavailable(engine, f"answered {response.status_code}: {body[:500]!r}")
     headers = {k: v for k, v in response.headers.items() if k.lower() in PASSED_HEADERS}
     try:
         content = json.loads(body)
@@ -145,6 +271,19 @@ def passed_on(response: httpx.Response, body: bytes) -> JSONResponse:
     return error_response(
         response.status_code, str(message or "inference engine error")[:2000], code, None, headers
     )
+
+
+def not_loaded(engine: InferenceClient, adapter: Adapter, response: httpx.Response) -> JSONResponse:
+    """The engine refused to load an adapter: its words name server paths, so they go to the log."""
+    if response.status_code >= 500 or response.status_code in (401, 403):
+        return unavailable(engine, f"refused {adapter.name}: {response.status_code} {response.text[:500]}")
+    log.warning("inference engine refused %s: %s %s", adapter.name, response.status_code, response.text[:500])
+    try:
+        code = str(response.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        code = "adapter_not_loaded"
+    message = f"the inference engine could not load the model `{adapter.name}` ({code})"
+    return error_response(response.status_code, message, code, "model")
 
 
 async def send(engine: InferenceClient, adapter: Adapter | None, body: bytes) -> httpx.Response:
@@ -166,23 +305,27 @@ async def relay(engine: InferenceClient, response: httpx.Response) -> AsyncItera
         async for chunk in response.aiter_raw():
             yield chunk
     except httpx.HTTPError as exc:
-        error = unreachable(engine, exc)
-        detail = {"message": error.message, "type": "server_error", "param": None, "code": error.code}
+        log.warning("inference engine at %s broke a stream: %r", engine.base_url, exc)
+        detail = {
+            "message": UNAVAILABLE,
+            "type": "server_error",
+            "param": None,
+            "code": "inference_unavailable",
+        }
         yield f"\n\ndata: {json.dumps({'error': detail})}\n\ndata: [DONE]\n\n".encode()
 
 
-@router.post("/chat/completions")
-async def create_chat_completion(
-    request: Request, body: ChatCompletionRequest, services: ServicesDep, principal: PrincipalDep
+async def answer(
+    request: Request, body: ChatCompletionRequest, services: Services, principal: Principal
 ) -> Response:
-    """`client.chat.completions.create(model=..., messages=[...])`, with `stream=True` too."""
+    """The engine's answer: whole (JSON), or a HeldStream that closes the engine's response at its end."""
     adapter = await run_in_threadpool(resolve, services, body.model, principal)
     engine = engine_of(request, services)
-    raw = await request.body()
     try:
-        response = await send(engine, adapter, raw)
+        response = await send(engine, adapter, body.forwarded())
     except EngineError as exc:
-        return passed_on(exc.response, exc.response.content)
+        assert adapter is not None  # only registration raises it
+        return not_loaded(engine, adapter, exc.response)
     except httpx.HTTPError as exc:
         return failed(engine, exc)
     if response.status_code >= 400:
@@ -190,21 +333,69 @@ async def create_chat_completion(
             content = await response.aread()
         finally:
             await response.aclose()
-        return passed_on(response, content)
+        return passed_on(engine, response, content)
     if body.stream:
-        media_type = response.headers.get("content-type", "text/event-stream")
-        return StreamingResponse(
+        return HeldStream(
             relay(engine, response),
             response.status_code,
-            media_type=media_type,
+            media_type=response.headers.get("content-type", "text/event-stream"),
             headers={"Cache-Control": "no-cache"},
-            background=BackgroundTask(response.aclose),
+            finish=response.aclose,  # a client gone mid-stream drops the engine's request too
         )
     try:
         content = await response.aread()
     except httpx.HTTPError as exc:
         return failed(engine, exc)
     finally:
-        await response.aclose()
-    media_type = response.headers.get("content-type", "application/json")
-    return Response(content, response.status_code, media_type=media_type)
+        await response.aclose()  # also when the client went away (cancelled): the engine stops
+    return Response(content, response.status_code, media_type=response.headers.get("content-type"))
+
+
+async def client_gone(request: Request) -> None:
+    """Returns when the client disconnects (the body is read: the next message is http.disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+@router.post("/chat/completions")
+async def create_chat_completion(
+    request: Request, body: ChatCompletionRequest, services: ServicesDep, principal: PrincipalDep
+) -> Response:
+    """`client.chat.completions.create(model=..., messages=[...])`, with `stream=True` too."""
+    body.check(services.settings)
+    release = tenant_slots(request, services.settings).take(principal.tenant_id)
+    # Until the engine answers (all of it when not streaming) the client is watched: one that goes away
+    # cancels the engine's request (its connection closes), so the engine stops generating for it.
+    answering = asyncio.ensure_future(answer(request, body, services, principal))
+    gone = asyncio.ensure_future(client_gone(request))
+    try:
+        await asyncio.wait({answering, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        release()
+        raise
+    finally:
+        gone.cancel()
+        if not answering.done():
+            answering.cancel()
+    if not answering.done() or answering.cancelled():
+        release()
+        log.info("a client of tenant %s went away before its chat answer", principal.tenant_id)
+        return Response(status_code=499)  # nobody reads it
+    try:
+        result = answering.result()
+    except BaseException:
+        release()
+        raise
+    if not isinstance(result, HeldStream):
+        release()
+        return result
+    close = result.finish
+
+    async def finish() -> None:
+        try:
+            await close()
+        finally:
+            release()
+
+    result.finish = finish
+    return result

@@ -3,12 +3,17 @@
 The double is a real HTTP server on a local port: it records the adapters ftune registers, answers chat
 completions with an echo (JSON, or server-sent events for stream=true), 404s a `ft:` model it was not told
 about (as an engine that restarted would), 429s a request whose last message is "overload" and 504s
-"slow", so the API's forwarding and error passthrough are tested over real sockets without a model.
+"slow", so the API's forwarding and error passthrough are tested over real sockets without a model. With
+`key` set it wants `Authorization: Bearer <key>` (401 otherwise), as ftune's engine with
+FTUNE_INFERENCE_API_KEY does. A request whose last message is "hold" is held (counted in `holding`) until
+`release` is set, or until its client drops the connection (counted in `dropped`): the API's cancellation.
 """
 
 from __future__ import annotations
 
 import json
+import select
+import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +43,28 @@ class EngineDouble:
     loads: list[dict[str, Any]] = field(default_factory=list)
     chats: list[dict[str, Any]] = field(default_factory=list)
     loaded: set[str] = field(default_factory=set)
+    key: str = ""
+    release: threading.Event = field(default_factory=threading.Event)
+    holding: int = 0  # "hold" requests waiting now
+    dropped: int = 0  # "hold" requests whose client (the API) closed the connection
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def hold(self, conn: socket.socket) -> bool:
+        """Until `release` (True) or the client closes the connection (False); 30 s at most."""
+        with self.lock:
+            self.holding += 1
+        try:
+            deadline = time.monotonic() + 30
+            while not self.release.is_set() and time.monotonic() < deadline:
+                readable, _, _ = select.select([conn], [], [], 0.05)
+                if readable and not conn.recv(1, socket.MSG_PEEK):
+                    with self.lock:
+                        self.dropped += 1
+                    return False
+            return True
+        finally:
+            with self.lock:
+                self.holding -= 1
 
     def restart(self) -> None:
         """Forget every adapter, as a restarted engine does."""
@@ -90,16 +117,29 @@ def serve(engine: EngineDouble) -> ThreadingHTTPServer:
             self.end_headers()
             self.wfile.write(data)
 
+        def _refused(self) -> bool:
+            if engine.key and self.headers.get("Authorization") != f"Bearer {engine.key}":
+                error = {"message": "bad key", "type": "authentication_error", "param": None}
+                self._json(401, {"error": error | {"code": "invalid_api_key"}})
+                return True
+            return False
+
         def do_GET(self) -> None:
+            if self.path != "/health" and self._refused():
+                return
             self._json(200, {"status": "ok"} if self.path == "/health" else {"object": "list", "data": []})
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self._refused():
+                return
             if self.path == "/v1/load_lora_adapter":
                 engine.loads.append(body)
                 engine.loaded.add(body["lora_name"])
                 return self._json(200, {"status": "loaded"})
             engine.chats.append(body)
+            if body["messages"][-1]["content"] == "hold" and not engine.hold(self.connection):
+                return
             status, headers, answer = engine.answer(body)
             if status != 200:
                 return self._json(status, answer, headers)
@@ -184,12 +224,17 @@ def start_api(tmp: Path, **env_extra: str) -> tuple[Proc, str, str]:
         time.sleep(0.2)
 
 
+ENGINE_KEY = "double-engine-key"
+
+
 @pytest.fixture(scope="session")
 def chat_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatStack]:
-    engine = EngineDouble()
+    """The API (default chat limits) in front of the double, which wants ENGINE_KEY."""
+    engine = EngineDouble(key=ENGINE_KEY)
     server = serve(engine)
     tmp = tmp_path_factory.mktemp("chat")
-    api, base, database_url = start_api(tmp, FTUNE_INFERENCE_URL=f"http://127.0.0.1:{server.server_port}")
+    url = f"http://127.0.0.1:{server.server_port}"
+    api, base, database_url = start_api(tmp, FTUNE_INFERENCE_URL=url, FTUNE_INFERENCE_API_KEY=ENGINE_KEY)
     try:
         yield ChatStack(base, tmp / "data", database_url, engine)
     finally:

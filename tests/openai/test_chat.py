@@ -4,15 +4,21 @@ test double of the inference engine (tests/openai/engine_double.py) over real so
 What the API owns is tested here: who may call which model (404 model_not_found for another organization's
 `ft:` name, an unknown one, a checkpoint's), the adapter registered from the job id (path under the job's
 directory, base model from the job), registered again when the engine forgot it, the body forwarded as
-sent, SSE passed through, the engine's errors passed on with their status (429 with Retry-After), 503
-inference_unavailable without an engine, and cheap bounds as 400 with the parameter named.
+sent as read (the fields ftune supports, re-serialised), SSE passed through, the engine's errors passed on
+with their status (429 with Retry-After), 503 inference_unavailable without an engine (never its address),
+cheap bounds as 400 with the parameter named, the engine's key sent, and a hostile tenant held: at most
+FTUNE_CHAT_MAX_CONCURRENT_PER_TENANT requests at once (429), n x max_tokens capped, stop strings bounded,
+ignore_eos refused unless allowed, and a client that goes away cancelling the engine's request.
 The real engine answering is tests/e2e/test_chat_e2e.py.
 """
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -20,7 +26,14 @@ from core import ft_names
 from core.storage import Storage
 from tests.e2e.stack import TEST_ADMIN_KEY, free_port
 from tests.openai.conftest import Server
-from tests.openai.engine_double import ChatStack, chat_stack, start_api  # noqa: F401  (fixture)
+from tests.openai.engine_double import (  # noqa: F401  (fixture)
+    ENGINE_KEY,
+    ChatStack,
+    EngineDouble,
+    chat_stack,
+    serve,
+    start_api,
+)
 
 pytestmark = pytest.mark.slow
 HI = [{"role": "user", "content": "hello there"}]
@@ -121,6 +134,17 @@ def test_the_engines_errors_pass_through_with_their_status_and_retry_after(chat_
         ({"max_completion_tokens": 10**6}, "max_completion_tokens"),
         ({"temperature": 3}, "temperature"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        # n x max_tokens over FTUNE_CHAT_MAX_TOTAL_TOKENS (4096)
+        ({"n": 4, "max_tokens": 2000}, "max_tokens"),
+        ({"n": 2, "max_completion_tokens": 4000, "max_tokens": 10}, "max_completion_tokens"),
+        ({"max_tokens": 5000}, "max_tokens"),
+        # OpenAI's bounds on stop: 4 strings of at most 64 characters
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": "x" * 65}, "stop"),
+        ({"stop": ["y" * 60_000] * 16}, "stop"),
+        ({"stop": [""]}, "stop"),
+        # vLLM's ignore_eos only where the operator allows it (FTUNE_CHAT_ALLOW_IGNORE_EOS)
+        ({"extra_body": {"ignore_eos": True}}, "ignore_eos"),
     ],
 )
 def test_cheap_bounds_are_400_with_the_parameter(
@@ -153,6 +177,120 @@ def test_an_engine_that_is_down_is_503_inference_unavailable(tmp_path: Path) -> 
                 with pytest.raises(openai.InternalServerError) as e:
                     sdk.chat.completions.create(model="tiny", messages=HI, stream=stream)
                 assert e.value.status_code == 503 and e.value.code == "inference_unavailable"
-                assert "cannot be reached" in e.value.message
+                assert "the inference engine is unavailable" in e.value.message
+                assert "127.0.0.1" not in e.value.response.text and "http" not in e.value.response.text
     finally:
         api.stop()
+
+
+def test_the_body_is_forwarded_as_read_never_as_sent(chat_stack: ChatStack) -> None:  # noqa: F811
+    """Only the fields ftune supports reach the engine, re-serialised: extras of the body and of its messages
+    (vLLM's guided decoding, a lora path, anything) are dropped."""
+    sdk, _ = chat_stack.tenant()
+    with sdk:
+        sdk.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": [{"type": "text", "text": "hi", "x": 1}], "secret": "s"}],  # type: ignore[list-item]
+            stop=["\n"],
+            user="someone",
+            extra_body={"lora_path": "/etc", "guided_regex": ".*", "priority": -100, "max_tokens": 3},
+        )
+    assert chat_stack.engine.chats[-1] == {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        "max_tokens": 3,
+        "stop": ["\n"],
+    }
+
+
+def test_a_tenant_has_at_most_two_chat_requests_at_once(chat_stack: ChatStack) -> None:  # noqa: F811
+    """FTUNE_CHAT_MAX_CONCURRENT_PER_TENANT (2): a third request while two are held is 429 with Retry-After;
+    another tenant is not held up; once they end the tenant may ask again."""
+    engine = chat_stack.engine
+    engine.release.clear()
+    sdk, _ = chat_stack.tenant()
+    other, _ = chat_stack.tenant()
+    hold = [{"role": "user", "content": "hold"}]
+    with sdk, other, ThreadPoolExecutor(2) as pool:
+        try:
+            held = [
+                pool.submit(sdk.chat.completions.create, model="tiny", messages=hold),
+                pool.submit(
+                    lambda: list(sdk.chat.completions.create(model="tiny", messages=hold, stream=True))
+                ),
+            ]
+            deadline = time.monotonic() + 20
+            while engine.holding < 2:
+                assert time.monotonic() < deadline, "the two requests never reached the engine"
+                time.sleep(0.05)
+            with pytest.raises(openai.RateLimitError) as e:
+                sdk.chat.completions.create(model="tiny", messages=HI)
+            assert e.value.code == "too_many_concurrent_requests"
+            assert e.value.response.headers["retry-after"] == "1"
+            assert other.chat.completions.create(model="tiny", messages=HI).choices  # not this one's limit
+        finally:
+            engine.release.set()
+        assert held[0].result(timeout=20).choices[0].message.content == "echo tiny: hold"
+        assert held[1].result(timeout=20)
+        for _ in range(3):  # the slots came back
+            assert sdk.chat.completions.create(model="tiny", messages=HI).choices
+
+
+def test_a_non_streaming_client_that_goes_away_cancels_the_engines_request(chat_stack: ChatStack) -> None:  # noqa: F811
+    """The client drops a held (long) non-streaming request after 1 s: the API closes its request to the
+    engine at once (the engine then stops generating), and frees the tenant's slot: three times in a row
+    would exhaust a limit of 2 if it did not."""
+    engine = chat_stack.engine
+    engine.release.clear()
+    sdk, _ = chat_stack.tenant()
+    key = sdk.api_key
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hold"}]}
+    with sdk:
+        for attempt in range(3):
+            dropped = engine.dropped
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(
+                    f"{chat_stack.base}/v1/chat/completions",
+                    json=body,
+                    headers={"Authorization": f"Bearer {key}"},
+                    timeout=1,
+                )
+            deadline = time.monotonic() + 5
+            while engine.dropped == dropped:
+                assert time.monotonic() < deadline, f"attempt {attempt}: the engine's request was kept open"
+                time.sleep(0.05)
+        assert sdk.chat.completions.create(model="tiny", messages=HI).choices
+
+
+def test_operator_settings_allow_ignore_eos_and_set_the_token_cap(tmp_path: Path) -> None:
+    engine = EngineDouble(key=ENGINE_KEY)
+    server = serve(engine)
+    url = f"http://127.0.0.1:{server.server_port}"
+    env = {
+        "FTUNE_INFERENCE_URL": url,
+        "FTUNE_CHAT_ALLOW_IGNORE_EOS": "true",
+        "FTUNE_CHAT_MAX_TOTAL_TOKENS": "10",
+    }
+    api, base, _ = start_api(tmp_path / "allowed", FTUNE_INFERENCE_API_KEY=ENGINE_KEY, **env)
+    wrong, wrong_base, _ = start_api(
+        tmp_path / "wrong", FTUNE_INFERENCE_URL=url, FTUNE_INFERENCE_API_KEY="nope"
+    )
+    try:
+        with openai.OpenAI(api_key=TEST_ADMIN_KEY, base_url=f"{base}/v1", max_retries=0) as sdk:
+            sdk.chat.completions.create(
+                model="tiny", messages=HI, max_tokens=5, extra_body={"ignore_eos": True}
+            )
+            assert engine.chats[-1]["ignore_eos"] is True
+            with pytest.raises(openai.BadRequestError) as e:
+                sdk.chat.completions.create(model="tiny", messages=HI, n=2, max_tokens=6)
+            assert e.value.param == "max_tokens" and "10" in e.value.message
+        # an API with the wrong engine key: the engine's 401 is the tenant's 503, without the engine's address
+        with openai.OpenAI(api_key=TEST_ADMIN_KEY, base_url=f"{wrong_base}/v1", max_retries=0) as sdk:
+            with pytest.raises(openai.InternalServerError) as unavailable:
+                sdk.chat.completions.create(model="tiny", messages=HI)
+            assert unavailable.value.status_code == 503 and unavailable.value.code == "inference_unavailable"
+            assert url not in unavailable.value.response.text
+    finally:
+        api.stop()
+        wrong.stop()
+        server.shutdown()

@@ -35,3 +35,16 @@ def test_no_engine_or_an_unreachable_one_is_not_an_error(tmp_path: Path) -> None
     storage = Storage(tmp_path)
     assert not announce_adapter(Settings(inference_url=""), storage, JOB)
     assert not announce_adapter(Settings(inference_url=f"http://127.0.0.1:{free_port()}"), storage, JOB)
+
+
+def test_the_engines_key_goes_with_the_registration(tmp_path: Path) -> None:
+    engine = EngineDouble(key="engine-key")
+    server = serve(engine)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        storage = Storage(tmp_path)
+        assert not announce_adapter(Settings(inference_url=url), storage, JOB)  # 401 without the key
+        assert announce_adapter(Settings(inference_url=url, inference_api_key="engine-key"), storage, JOB)
+    finally:
+        server.shutdown()
+    assert len(engine.loads) == 1
