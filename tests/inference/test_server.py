@@ -221,9 +221,9 @@ def test_every_route_but_health_wants_the_key_and_models_show_no_paths(
 def test_a_non_streaming_client_that_goes_away_frees_the_engine(
     client: openai.OpenAI, engine_url: str
 ) -> None:
-    """n=4 choices of LONG tokens each (tens of seconds), dropped by its client after 1.5 s: the engine stops
+    """n=16 choices of LONG tokens each (minutes), dropped by its client after 1.5 s: the engine stops
     generating it, and the next request is answered within seconds (well before the deadline)."""
-    hog = {"model": BASE, "messages": USER, "n": 4, "max_tokens": LONG, "ignore_eos": True, "temperature": 0}
+    hog = {"model": BASE, "messages": USER, "n": 16, "max_tokens": LONG, "ignore_eos": True, "temperature": 0}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{engine_url}/v1/chat/completions", json=hog, headers=AUTH, timeout=1.5)
     started = time.monotonic()
@@ -233,16 +233,16 @@ def test_a_non_streaming_client_that_goes_away_frees_the_engine(
 
 
 def test_the_generation_deadline_ends_a_long_generation(client: openai.OpenAI) -> None:
-    """4 x LONG tokens take far longer than GENERATION_S: the answer comes at the deadline, cut short with
+    """16 x LONG tokens take far longer than GENERATION_S: the answer comes at the deadline, cut short with
     finish_reason "length" (the choices it left no time for are empty)."""
     started = time.monotonic()
     reply = client.chat.completions.create(
-        model=BASE, messages=USER, n=4, max_tokens=LONG, temperature=0, extra_body={"ignore_eos": True}
+        model=BASE, messages=USER, n=16, max_tokens=LONG, temperature=0, extra_body={"ignore_eos": True}
     )
     elapsed = time.monotonic() - started
     assert GENERATION_S - 1 < elapsed < GENERATION_S + 8, elapsed
-    assert [c.finish_reason for c in reply.choices] == ["length"] * 4
-    assert reply.usage is not None and 0 < reply.usage.completion_tokens < 4 * LONG
+    assert [c.finish_reason for c in reply.choices] == ["length"] * 16
+    assert reply.usage is not None and 0 < reply.usage.completion_tokens < 16 * LONG
     # the engine is free again
     assert client.chat.completions.create(model=BASE, messages=USER, max_tokens=1).choices
 
