@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -64,6 +64,20 @@ class Settings(BaseSettings):
     webhook_backoff_seconds: float = Field(default=5, gt=0)
     webhook_max_attempts: int = Field(default=12, ge=1)
     webhook_timeout_seconds: float = Field(default=10, gt=0)
+    # Webhooks under a hostile tenant (worker/webhooks.py, core/net.py, core/secretbox.py). The timeout above
+    # is a hard deadline on connect + send + read. Deliveries run in a pool of `webhook_concurrency` threads
+    # apart from the heartbeat, at most so many at once per tenant and per destination host (per worker).
+    # Loopback, private, link-local, multicast and reserved destinations are refused at registration and at
+    # delivery unless allowed. A rotated secret still signs for the grace period. Endpoints per tenant.
+    webhook_concurrency: int = Field(default=8, ge=1)
+    webhook_max_in_flight_per_tenant: int = Field(default=2, ge=1)
+    webhook_max_in_flight_per_host: int = Field(default=2, ge=1)
+    webhook_allow_private: bool = False
+    webhook_secret_grace_seconds: float = Field(default=24 * 3600, ge=0)
+    max_webhooks_per_tenant: int = Field(default=10, ge=0)
+    # The key that encrypts webhook secrets in the database (any long random string). Empty: the key file
+    # `secret.key` in data_dir, made on first use; a worker on another machine must set this to its content.
+    secret_key: SecretStr = SecretStr("")
     worker_name: str = ""
     worker_concurrency: int = 1
     # Declared devices of this worker (e.g. "A100-80GB,A100-80GB" or "24GB"); empty: detect.

@@ -184,7 +184,10 @@ class IdempotencyKey(Base):
 
 
 class Webhook(Base):
-    """A tenant's endpoint for signed job events (Standard Webhooks). The secret signs, so it is stored."""
+    """A tenant's endpoint for signed job events (Standard Webhooks). The secret signs, so it is stored:
+    sealed (core.secretbox, `enc1:...`; a row from before 0004 holds a plain `whsec_...`). After a rotation
+    the previous secret signs too, until `previous_secret_expires_at`. A deleted endpoint keeps its row (its
+    events and their deliveries refer to it) with its secrets cleared, and gets no more events."""
 
     __tablename__ = "webhooks"
 
@@ -193,6 +196,9 @@ class Webhook(Base):
     url: Mapped[str] = mapped_column(String(2000))
     secret: Mapped[str] = mapped_column(String(100))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    previous_secret: Mapped[str | None] = mapped_column(String(100))
+    previous_secret_expires_at: Mapped[datetime | None]
+    deleted_at: Mapped[datetime | None]
 
 
 class WebhookEvent(Base):

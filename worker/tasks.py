@@ -36,7 +36,7 @@ from worker.celery_app import DELIVER_WEBHOOKS, create_celery
 from worker.dispatch import pass_on, refresh_waiting
 from worker.reaper import reap, release_predecessor
 from worker.runner import JobRunner
-from worker.webhooks import deliver_due
+from worker.webhooks import Deliverer
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ class Worker:
         self.queue_depth = queue_depth
         self.stopping = runner.stopping
         self.in_fleet = threading.Event()
+        self.webhooks = Deliverer(sessions, settings)  # its own threads, apart from the tick
 
     def run_next_fair_share_jobs(self, woken_for: str) -> str:
         """A wake-up for the job `woken_for`. Pass it on if that job does not fit here; then claim and
@@ -104,17 +105,19 @@ class Worker:
         return reap(self.sessions, self.runner.enqueue, self.queue_depth, self.settings.resend_after_seconds)
 
     def deliver_webhooks(self) -> int:
-        """Send the webhook events that are due (the outbox); every worker's tick runs this too."""
-        return deliver_due(self.sessions, self.settings)
+        """Send the webhook events that are due (the outbox) and wait for them; every worker's tick starts
+        such a pass in the delivery pool without waiting."""
+        return self.webhooks.run_pass()
 
     def tick(self) -> None:
-        """The periodic pass: a trainer's heartbeat and waiting reasons, then the reaper and webhooks."""
+        """The periodic pass: a trainer's heartbeat and waiting reasons, then the reaper; webhooks are
+        handed to their pool (never waited on: a stalled receiver does not delay the heartbeat)."""
         if self.in_fleet.is_set():
             with session_scope(self.sessions) as s:
                 workers_db.heartbeat(s, self.runner.me)
             refresh_waiting(self.sessions, self.runner.placer)  # a job no live worker fits says why
         self.reap_now()
-        self.deliver_webhooks()
+        self.webhooks.poke()
 
     def started(self, queues: set[str]) -> None:
         """The worker process is ready, consuming `queues`: a trainer joins the fleet the planner admits
@@ -136,6 +139,7 @@ class Worker:
         """The process is shutting down: running jobs checkpoint, stop and go back to the queue instead
         of blocking shutdown for hours; a trainer leaves the fleet."""
         self.stopping.set()
+        self.webhooks.close()
         if self.in_fleet.is_set():
             with session_scope(self.sessions) as s:
                 workers_db.mark_stopped(s, self.runner.me)

@@ -2,24 +2,43 @@
 
 Headers: webhook-id (the event id, the same on every retry, so a receiver can drop a repeat),
 webhook-timestamp (unix seconds of this attempt) and webhook-signature `v1,<base64 HMAC-SHA256 of
-"<id>.<timestamp>.<body>">` keyed by the secret's base64-decoded bytes after `whsec_`. Any 2xx delivers;
-anything else (an error status, a timeout, a refused connection) is retried with exponential backoff
-from the outbox, so a restarted worker (or another one) carries on where this one stopped.
+"<id>.<timestamp>.<body>">` keyed by the secret's base64-decoded bytes after `whsec_` (after a rotation, one
+such entry per secret still valid, separated by a space). Any 2xx delivers; anything else (an error status,
+the deadline, a refused connection or destination) is retried with exponential backoff from the outbox, so a
+restarted worker (or another one) carries on where this one stopped.
+
+A receiver is a tenant's server, so it is not trusted: each attempt has one hard deadline for connect, send
+and read (FTUNE_WEBHOOK_TIMEOUT_SECONDS) and reads at most MAX_RESPONSE_BYTES; the host is resolved and
+checked again at delivery (core.net) and the connection made to the address checked (the Host header, SNI
+and the certificate name the host); redirects are not followed. Attempts run in a `Deliverer`'s bounded
+pool, apart from the worker's heartbeat and reaper, at most so many at once per tenant and per host.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
+import http.client
+import io
 import json
 import logging
+import socket
+import ssl
+import threading
+import time
+from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
+from core import net
+from core.secretbox import SecretBox, SecretUnreadable
 from core.settings import Settings
 from models import webhooks as webhooks_db
 from models.db import session_scope
@@ -27,7 +46,12 @@ from models.tables import utcnow
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF_SECONDS = 3600.0
-Post = Callable[[str, bytes, dict[str, str], float], int]  # url, body, headers, timeout -> status code
+MAX_RESPONSE_BYTES = 64 * 1024  # the status line and headers must fit; the body is not read
+DUE_PER_PASS = 200
+# url, the address checked for it, body, headers, deadline in seconds -> the response's status code
+Post = Callable[[str, str, bytes, dict[str, str], float], int]
+# What an attempt that reached no answer raises: recorded, retried.
+FAILURES = (OSError, http.client.HTTPException, ValueError)
 
 
 def sign(secret: str, event_id: str, timestamp: int, body: bytes) -> str:
@@ -36,62 +60,293 @@ def sign(secret: str, event_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
 
 
-def http_post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> int:
-    # No redirects: a signed event goes to the registered URL only.
-    return httpx.post(url, content=body, headers=headers, timeout=timeout, follow_redirects=False).status_code
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the attempt's deadline passed")
+        return left
+
+
+class ResponseTooLarge(http.client.HTTPException):
+    pass
+
+
+class _Budgeted(io.RawIOBase):
+    """The read side of a connection: each read waits at most what is left of the deadline, and at most
+    `limit` bytes are read in all."""
+
+    def __init__(self, sock: socket.socket, deadline: Deadline, limit: int) -> None:
+        self.sock, self.deadline, self.left_bytes = sock, deadline, limit
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.left_bytes <= 0:
+            raise ResponseTooLarge(f"the response's head is over {MAX_RESPONSE_BYTES} bytes")
+        self.sock.settimeout(self.deadline.left())
+        n = self.sock.recv_into(memoryview(buffer).cast("B")[: self.left_bytes])
+        self.left_bytes -= n
+        return n
+
+
+class _Reader:
+    """What http.client.HTTPResponse reads a response from: the connection's socket, budgeted."""
+
+    def __init__(self, sock: socket.socket, deadline: Deadline, limit: int) -> None:
+        self.raw = _Budgeted(sock, deadline, limit)
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(self.raw)
+
+
+class PinnedConnection(http.client.HTTPConnection):
+    """HTTP/1.1 to `address` (checked) speaking to `host`: the Host header, and over TLS the SNI and the
+    certificate check, name the host. Each blocking step waits at most what is left of `deadline`."""
+
+    def __init__(
+        self, host: str, port: int, address: str, deadline: Deadline, tls: ssl.SSLContext | None
+    ) -> None:
+        super().__init__(host, port, timeout=deadline.left())
+        self.address, self.deadline, self.tls = address, deadline, tls
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.address, self.port), timeout=self.deadline.left())
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:
+                sock.settimeout(self.deadline.left())  # the handshake: one deadline for all of it
+                sock = self.tls.wrap_socket(sock, server_hostname=self.host)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+    def send(self, data: Any) -> None:
+        if self.sock is None:
+            self.connect()
+        assert self.sock is not None
+        self.sock.settimeout(self.deadline.left())  # sendall: one deadline for all of it
+        super().send(data)
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    return ssl.create_default_context()
+
+
+def http_post(
+    url: str,
+    address: str,
+    body: bytes,
+    headers: dict[str, str],
+    timeout: float,
+    max_response_bytes: int = MAX_RESPONSE_BYTES,
+) -> int:
+    """POST `body` to `url` at `address`, all within `timeout` seconds (TimeoutError past it): the status code
+    of the answer, whose head is read up to `max_response_bytes` and whose body is not read. No redirects: a
+    signed event goes to the registered URL only."""
+    deadline = Deadline(timeout)
+    parts = urlsplit(url)
+    host, port = net.host_port(url)
+    tls = _tls() if parts.scheme == "https" else None
+    conn = PinnedConnection(host, port, address, deadline, tls)
+    try:
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        conn.request("POST", target, body=body, headers={**headers, "connection": "close"})
+        assert conn.sock is not None
+        reader: Any = _Reader(conn.sock, deadline, max_response_bytes)
+        response = http.client.HTTPResponse(reader, method="POST")
+        try:
+            response.begin()
+            return response.status
+        finally:
+            response.close()
+    finally:
+        conn.close()
 
 
 def backoff(settings: Settings, attempt: int) -> float:
     return float(min(settings.webhook_backoff_seconds * 2 ** (attempt - 1), MAX_BACKOFF_SECONDS))
 
 
-def deliver_due(sessions: sessionmaker[Session], settings: Settings, post: Post = http_post) -> int:
-    """One pass: attempt every due event once; returns how many were delivered."""
-    delivered = 0
-    with sessions() as s:
-        due = webhooks_db.due(s, now=utcnow())
-    for event_id, attempts in due:
-        lease = settings.webhook_timeout_seconds + 30  # longer than an attempt can take
-        with session_scope(sessions) as s:
-            if not webhooks_db.claim(
-                s, event_id=event_id, attempts=attempts, now=utcnow(), lease_seconds=lease
+class Deliverer:
+    """Delivers due events in a pool of `webhook_concurrency` threads of its own: a receiver that stalls holds
+    one thread for at most the deadline, and nothing else of the worker (the heartbeat, the reaper) waits on
+    it. At most `webhook_max_in_flight_per_tenant` attempts per tenant and `..._per_host` per destination
+    host run at once in this process, so one tenant cannot hold every thread; the rest wait for a later pass.
+
+    `poke()` starts a pass in the background and returns at once (the worker's tick); `run_pass()` makes one
+    and waits for its attempts (the ftune.deliver_webhooks task, tests)."""
+
+    def __init__(self, sessions: sessionmaker[Session], settings: Settings, post: Post = http_post) -> None:
+        self.sessions, self.settings, self.post = sessions, settings, post
+        self.pool = ThreadPoolExecutor(settings.webhook_concurrency, thread_name_prefix="ftune-webhook")
+        self._dispatcher = ThreadPoolExecutor(1, thread_name_prefix="ftune-webhook-dispatch")
+        self._passing = threading.Lock()  # one scheduling pass at a time
+        self._lock = threading.Lock()  # the in-flight counts
+        self._in_flight = 0
+        self._tenants: Counter[str] = Counter()
+        self._hosts: Counter[str] = Counter()
+
+    @functools.cached_property
+    def box(self) -> SecretBox:
+        return SecretBox.from_settings(self.settings)  # on first use: the key file is made then, if ever
+
+    def poke(self) -> None:
+        """Schedule the due events in the background, unless a pass is scheduling already; never blocks."""
+        if not self._passing.acquire(blocking=False):
+            return
+        try:
+            self._dispatcher.submit(self._background_pass)
+        except RuntimeError:  # shut down
+            self._passing.release()
+
+    def run_pass(self) -> int:
+        """One pass: attempt every due event once (within the limits); returns how many were delivered."""
+        with self._passing:
+            futures = self._schedule()
+        return sum(f.result() for f in futures)
+
+    def close(self, wait: bool = False) -> None:
+        """No new attempts; those in flight end by their deadline (`wait`: and are waited for)."""
+        self._dispatcher.shutdown(wait=wait, cancel_futures=True)
+        self.pool.shutdown(wait=wait, cancel_futures=True)
+
+    def _background_pass(self) -> None:
+        try:
+            self._schedule()
+        except Exception:
+            log.exception("webhook delivery pass failed")
+        finally:
+            self._passing.release()
+
+    def _schedule(self) -> list[Future[bool]]:
+        """Claim due events while there are free threads and the tenant and host are under their limits, and
+        hand each attempt to the pool."""
+        settings = self.settings
+        now = utcnow()
+        with session_scope(self.sessions) as s:
+            webhooks_db.give_up_exhausted(s, now=now, max_attempts=settings.webhook_max_attempts)
+            due = webhooks_db.due(s, now=now, limit=DUE_PER_PASS, max_attempts=settings.webhook_max_attempts)
+        futures: list[Future[bool]] = []
+        for event in due:
+            host = (urlsplit(event.url).hostname or "").lower()
+            if not self._reserve(event.tenant_id, host):
+                if self._in_flight >= settings.webhook_concurrency:
+                    break
+                continue
+            try:
+                lease = settings.webhook_timeout_seconds + 30  # longer than an attempt can take
+                with session_scope(self.sessions) as s:
+                    claimed = webhooks_db.claim(
+                        s,
+                        event_id=event.event_id,
+                        attempts=event.attempts,
+                        now=utcnow(),
+                        lease_seconds=lease,
+                        max_attempts=settings.webhook_max_attempts,
+                    )
+                if claimed:
+                    futures.append(self.pool.submit(self._attempt, event, host))
+            except BaseException:
+                self._release(event.tenant_id, host)
+                raise
+            if not claimed:  # another worker took this attempt
+                self._release(event.tenant_id, host)
+        return futures
+
+    def _reserve(self, tenant_id: str, host: str) -> bool:
+        s = self.settings
+        with self._lock:
+            if (
+                self._in_flight >= s.webhook_concurrency
+                or self._tenants[tenant_id] >= s.webhook_max_in_flight_per_tenant
+                or self._hosts[host] >= s.webhook_max_in_flight_per_host
             ):
-                continue  # another worker took this attempt
-            url, secret, payload = webhooks_db.target(s, event_id)
-        attempt = attempts + 1
+                return False
+            self._in_flight += 1
+            self._tenants[tenant_id] += 1
+            self._hosts[host] += 1
+            return True
+
+    def _release(self, tenant_id: str, host: str) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            self._tenants[tenant_id] -= 1
+            self._hosts[host] -= 1
+
+    def _attempt(self, event: webhooks_db.Due, host: str) -> bool:
+        try:
+            return self._send_and_record(event)
+        except Exception:
+            log.exception("webhook %s: attempt %d failed unrecorded", event.event_id, event.attempts + 1)
+            return False
+        finally:
+            self._release(event.tenant_id, host)
+
+    def _send_and_record(self, event: webhooks_db.Due) -> bool:
+        """Check the destination, send, record: the attempt's outcome. True if delivered."""
+        settings, event_id, attempt = self.settings, event.event_id, event.attempts + 1
         started = utcnow()
-        timestamp = int(started.timestamp())
-        body = json.dumps(payload, separators=(",", ":")).encode()
-        headers = {
-            "content-type": "application/json",
-            "webhook-id": event_id,
-            "webhook-timestamp": str(timestamp),
-            "webhook-signature": sign(secret, event_id, timestamp, body),
-        }
         status: int | None = None
         error: str | None = None
+        gone = False
         try:
-            status = post(url, body, headers, settings.webhook_timeout_seconds)
-        except httpx.HTTPError as e:
-            error = f"{type(e).__name__}: {e}"[:2000]
+            with self.sessions() as s:
+                url, secrets, payload = webhooks_db.target(s, event_id, box=self.box)
+            address = net.checked_address(url, allow_private=settings.webhook_allow_private)
+        except webhooks_db.WebhookGone as e:
+            error, gone = f"deleted: {e}", True
+        except SecretUnreadable as e:
+            error = f"secret_unreadable: {e}"
+        except net.AddressRefused as e:
+            error = f"refused: {e.reason}"  # not sent
+        except OSError as e:
+            error = f"unresolved: {type(e).__name__}: {e}"
+        else:
+            timestamp = int(started.timestamp())
+            body = json.dumps(payload, separators=(",", ":")).encode()
+            headers = {
+                "content-type": "application/json",
+                "user-agent": "ftune-webhooks",
+                "webhook-id": event_id,
+                "webhook-timestamp": str(timestamp),
+                "webhook-signature": " ".join(sign(k, event_id, timestamp, body) for k in secrets),
+            }
+            try:
+                status = self.post(url, address, body, headers, settings.webhook_timeout_seconds)
+            except FAILURES as e:
+                error = f"{type(e).__name__}: {e}"
         ok = status is not None and 200 <= status < 300
         retry_at = None
-        if not ok and attempt < settings.webhook_max_attempts:
+        if not ok and not gone and attempt < settings.webhook_max_attempts:
             retry_at = utcnow() + timedelta(seconds=backoff(settings, attempt))
-        with session_scope(sessions) as s:
+        with session_scope(self.sessions) as s:
             webhooks_db.record_attempt(
                 s,
                 event_id=event_id,
                 attempt=attempt,
                 started_at=started,
                 status_code=status,
-                error=error,
+                error=error[:2000] if error else None,
                 retry_at=retry_at,
             )
-        if ok:
-            delivered += 1
-        else:
+        if not ok:
             log.info(
                 "webhook %s attempt %d failed (%s); retry at %s", event_id, attempt, status or error, retry_at
             )
-    return delivered
+        return ok
+
+
+def deliver_due(sessions: sessionmaker[Session], settings: Settings, post: Post = http_post) -> int:
+    """One pass with a pool of its own: attempt every due event once; returns how many were delivered."""
+    deliverer = Deliverer(sessions, settings, post)
+    try:
+        return deliverer.run_pass()
+    finally:
+        deliverer.close()

@@ -135,6 +135,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Iterato
     port, database_url = free_port(), f"sqlite:///{tmp / 'ftune.db'}"
     env = env_for(tmp, models_dir, FTUNE_API_PORT=str(port), FTUNE_DATABASE_URL=database_url)
     env |= {"FTUNE_REAPER_INTERVAL_SECONDS": "0.5", "FTUNE_WEBHOOK_BACKOFF_SECONDS": "0.5"}  # fast retries
+    env |= {"FTUNE_WEBHOOK_ALLOW_PRIVATE": "1"}  # the webhook receiver is on loopback
     up = Proc(["up"], env, tmp / "up.log")
     base = f"http://127.0.0.1:{port}"
     try:

@@ -22,7 +22,7 @@ from models.migrate import upgrade
 from models.tables import WebhookEvent
 from tests.e2e.stack import Proc, env_for, free_port
 from tests.openai.conftest import TINY_RUN, Receiver, Stack, wait_for
-from tests.worker.test_webhook_delivery import finished_job
+from tests.worker.test_webhook_delivery import SECRET_KEY, finished_job
 
 pytestmark = pytest.mark.slow
 AGES = 10**6  # seconds: a signature check that accepts a delivery of any age
@@ -111,6 +111,8 @@ def test_a_pending_delivery_survives_a_kill_9_of_the_worker_and_is_sent_once(
         FTUNE_REAPER_INTERVAL_SECONDS="0.3",  # the tick that delivers
         FTUNE_WEBHOOK_BACKOFF_SECONDS="0.2",
         FTUNE_WEBHOOK_TIMEOUT_SECONDS="2",
+        FTUNE_WEBHOOK_ALLOW_PRIVATE="1",  # the receiver is on loopback
+        FTUNE_SECRET_KEY=SECRET_KEY,  # the key finished_job sealed its secret with
     )
 
     def attempts() -> list[tuple[int, int | None, str | None]]:

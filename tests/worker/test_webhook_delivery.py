@@ -1,19 +1,22 @@
 """worker.webhooks.deliver_due on a real database, with the HTTP POST injected: signed as Standard
 Webhooks (checked by the openai SDK), retried with backoff from the outbox across a restart (a new engine,
 as a new worker process has), each attempt recorded, given up after the last one, never sent twice once
-accepted."""
+accepted. The receivers are on loopback, so these tests allow private destinations (the default refuses
+them: tests/worker/test_webhook_hostile.py)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
-import httpx
 import openai
 import pytest
+from pydantic import SecretStr
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.secretbox import SecretBox
 from core.settings import Settings
 from core.states import JobStatus
 from models import webhooks as webhooks_db
@@ -24,6 +27,15 @@ from models.transitions import transition
 from tests.rows import valid_dataset
 from worker.webhooks import backoff, deliver_due
 
+# The key that seals webhook secrets, shared by the tests' registrations and their workers (FTUNE_SECRET_KEY).
+SECRET_KEY = "test-key-0123456789abcdef0123456789"
+BOX = SecretBox(SECRET_KEY.encode())
+
+
+def settings_for(**values: Any) -> Settings:
+    """Delivery settings for loopback receivers, with the tests' key."""
+    return Settings(**({"secret_key": SecretStr(SECRET_KEY), "webhook_allow_private": True} | values))
+
 
 class Receiver:
     """A POST double: answers each call with the next of `answers` (an int status or an exception)."""
@@ -31,9 +43,11 @@ class Receiver:
     def __init__(self, *answers: int | Exception) -> None:
         self.answers = list(answers)
         self.calls: list[tuple[str, bytes, dict[str, str]]] = []
+        self.addresses: list[str] = []
 
-    def __call__(self, url: str, body: bytes, headers: dict[str, str], timeout: float) -> int:
+    def __call__(self, url: str, address: str, body: bytes, headers: dict[str, str], timeout: float) -> int:
         self.calls.append((url, body, headers))
+        self.addresses.append(address)
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
@@ -49,11 +63,11 @@ def sessions(migrated_url: str) -> Iterator[sessionmaker[Session]]:
         engine.dispose()
 
 
-def finished_job(sessions: sessionmaker[Session], url: str) -> tuple[str, str]:
+def finished_job(sessions: sessionmaker[Session], url: str, tenant_name: str = "") -> tuple[str, str]:
     """A tenant with a webhook on `url` and a job that just succeeded: (secret, job id)."""
     with session_scope(sessions) as s:
-        tenant = get_or_create_tenant(s, f"t{time.time_ns()}").id
-        secret = webhooks_db.register(s, tenant_id=tenant, url=url).secret
+        tenant = get_or_create_tenant(s, tenant_name or f"t{time.time_ns()}").id
+        secret = webhooks_db.register(s, tenant_id=tenant, url=url, box=BOX).secret
         n = time.time_ns()
         ds_id, job_id = f"{n:031x}d", f"{n:031x}j"
         s.add(valid_dataset(tenant, ds_id))
@@ -83,9 +97,9 @@ def make_due(sessions: sessionmaker[Session]) -> None:
 def test_signed_retried_across_a_restart_and_sent_once(
     migrated_url: str, sessions: sessionmaker[Session]
 ) -> None:
-    settings = Settings(webhook_backoff_seconds=30)
-    secret, job_id = finished_job(sessions, "http://receiver.test/hook")
-    post = Receiver(500, httpx.ConnectError("refused"), 204)
+    settings = settings_for(webhook_backoff_seconds=30)
+    secret, job_id = finished_job(sessions, "http://localhost:9/hook")
+    post = Receiver(500, ConnectionRefusedError("refused"), 204)
     assert deliver_due(sessions, settings, post) == 0
     assert deliver_due(sessions, settings, post) == 0  # backing off: not due yet
     assert len(post.calls) == 1
@@ -105,8 +119,9 @@ def test_signed_retried_across_a_restart_and_sent_once(
     ids = {headers["webhook-id"] for _, _, headers in post.calls}
     assert len(ids) == 1  # the same id on every attempt
     verifier = openai.OpenAI(api_key="unused", webhook_secret=secret)
+    assert set(post.addresses) <= {"127.0.0.1", "::1"}  # the address checked is the one connected to
     for url, body, headers in post.calls:
-        assert url == "http://receiver.test/hook"
+        assert url == "http://localhost:9/hook"
         event = verifier.webhooks.unwrap(body, headers)
         assert (event.type, event.data.id, event.id) == (
             "fine_tuning.job.succeeded",
@@ -123,8 +138,8 @@ def test_signed_retried_across_a_restart_and_sent_once(
 
 
 def test_gives_up_after_the_last_attempt(sessions: sessionmaker[Session]) -> None:
-    settings = Settings(webhook_max_attempts=2)
-    _, job_id = finished_job(sessions, "http://receiver.test/gone")
+    settings = settings_for(webhook_max_attempts=2)
+    _, job_id = finished_job(sessions, "http://127.0.0.1:9/gone")
     post = Receiver(410, 404)
     deliver_due(sessions, settings, post)
     make_due(sessions)
