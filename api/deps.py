@@ -21,7 +21,8 @@ from models.db import make_engine, make_session_factory
 from models.placement import Placer
 from models.submission import OpenAIFields, submit_job
 from models.tables import Job
-from models.tenants import Principal
+from models.tenants import Principal, TenantGate
+from models.token_stats import measurement_gate
 
 
 @dataclass
@@ -38,9 +39,18 @@ class Services:
     local_principal: Principal | None = None  # set at startup (lifespan) when auth is off
     # Queued jobs planned on the fleet's devices, cached across requests (queue position, waiting reasons).
     placer: Placer = field(init=False)
+    # This process's bounds on work at once (429 past them): measurements at admission, uploads streaming.
+    measurements: TenantGate = field(init=False)
+    uploads: TenantGate = field(init=False)
 
     def __post_init__(self) -> None:
         self.placer = Placer(self.catalog)
+        self.measurements = measurement_gate(self.settings)
+        self.uploads = TenantGate(
+            what="uploads",
+            code="too_many_uploads",
+            per_tenant=self.settings.max_concurrent_uploads_per_tenant,
+        )
 
     @classmethod
     def from_settings(
@@ -79,6 +89,7 @@ class Services:
             enqueue=self.enqueue,
             request_token_stats=self.request_token_stats,
             openai=openai,
+            measurements=self.measurements,
         )
 
 

@@ -2,7 +2,8 @@
 
 The same key with the same body returns the first response (header Idempotent-Replayed: true);
 the same key with a different body is a 422; a key whose first request is still running is a 409.
-A request that fails creates nothing, so its key is released for a retry.
+A request that fails creates nothing, so its key is released for a retry. A claim taken over (stale)
+is fenced: its first owner's finish or release changes nothing (models.idempotency).
 """
 
 from __future__ import annotations
@@ -39,25 +40,19 @@ def run_once(
     """Run `handle` at most once per (scope, key); replay its response for a retry."""
     if key is None:
         return handle()
-    replay = idem.claim(services.sessions, scope, key, request_hash)
-    if replay is not None:
-        return replayed(*replay)
+    claimed = idem.claim(services.sessions, scope, key, request_hash)
+    if not isinstance(claimed, idem.Owner):
+        return replayed(*claimed)
     try:
         response = handle()
     except BaseException:
-        idem.release(services.sessions, scope, key)
+        idem.release(services.sessions, claimed)
         raise
     if response.status_code >= 400:
-        idem.release(services.sessions, scope, key)
+        idem.release(services.sessions, claimed)
     else:
-        idem.finish(
-            services.sessions,
-            scope,
-            key,
-            request_hash,
-            response.status_code,
-            json.loads(bytes(response.body)),
-        )
+        body = json.loads(bytes(response.body))
+        idem.finish(services.sessions, claimed, request_hash, response.status_code, body)
     return response
 
 

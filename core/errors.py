@@ -3,6 +3,7 @@ status_for): the native API, /v1 and the inference engine all answer from this o
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, NamedTuple
 
 
@@ -114,3 +115,13 @@ def status_for(exc: FtuneError, surface: Surface = "native") -> int:
         return 409
     row = next(STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS)
     return int(getattr(row, surface))
+
+
+# An absolute POSIX path of two components or more, not part of a URL or a relative path.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])/(?:[^\s/'\"`,;:()\[\]{}<>]+/)+([^\s/'\"`,;:()\[\]{}<>]*)")
+
+
+def without_paths(message: str) -> str:
+    """`message` as a tenant may see it: each absolute path (the data directory's, a model's, a library's in
+    a traceback) cut to its last component, ".../adapter_config.json". The server's log keeps the whole."""
+    return _ABSOLUTE_PATH.sub(lambda m: f".../{m.group(1)}", message)

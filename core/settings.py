@@ -59,6 +59,14 @@ class Settings(BaseSettings):
     # Admission measures the data's lengths of a job whose worst case does not fit, for at most this long
     # (the request waits); 0: never, such a job is refused on its worst case.
     admission_measure_seconds: float = Field(default=60, ge=0)
+    # Admission under a hostile tenant (models.token_stats, models.tenants.TenantGate): measurements at
+    # once, all tenants together, per API process (one per tenant at most); beyond: 429 with Retry-After.
+    # The measuring child's address space (RLIMIT_AS, bytes; 0: unlimited) and CPU seconds (RLIMIT_CPU; 0:
+    # the measurement's timeout). Uploads streaming at once per tenant, per API process (429 beyond).
+    admission_max_concurrent_measurements: int = Field(default=2, ge=1)
+    admission_measure_max_memory_bytes: int = Field(default=2 * 2**30, ge=0)
+    admission_measure_max_cpu_seconds: int = Field(default=0, ge=0)
+    max_concurrent_uploads_per_tenant: int = Field(default=2, ge=1)
     # Webhook delivery (worker/webhooks.py): a failed attempt is retried after backoff * 2^(attempt-1)
     # seconds (at most an hour), up to max attempts; each attempt waits at most the timeout.
     webhook_backoff_seconds: float = Field(default=5, gt=0)
@@ -95,6 +103,16 @@ class Settings(BaseSettings):
     # An OpenAI-compatible inference engine (ftune's `inference.server`, or vLLM with --enable-lora) to which
     # /v1/chat/completions is forwarded; `ftune up` starts ftune's own and sets this. Empty: no chat (503).
     inference_url: str = ""
+    # Chat completions and the engine (docs/inference.md). The engine's key (vLLM's --api-key): when set,
+    # ftune's engine wants `Authorization: Bearer <key>` on every route but /health, and the API and the
+    # workers send it; `ftune up` makes one for its own engine. Per tenant, at most this many chat requests
+    # at once in an API process (429 past it); n x max_tokens at most this many tokens; vLLM's ignore_eos
+    # only where the operator allows it. ftune's engine stops a generation after this many seconds.
+    inference_api_key: str = ""
+    chat_max_concurrent_per_tenant: int = Field(default=2, ge=1)
+    chat_max_total_tokens: int = Field(default=4096, ge=1)
+    chat_allow_ignore_eos: bool = False
+    inference_generation_seconds: float = Field(default=120, gt=0)
 
     @model_validator(mode="after")
     def _absolute_paths(self) -> Settings:
@@ -116,13 +134,3 @@ class Settings(BaseSettings):
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
-    # Chat completions and the engine (docs/inference.md). The engine's key (vLLM's --api-key): when set,
-    # ftune's engine wants `Authorization: Bearer <key>` on every route but /health, and the API and the
-    # workers send it; `ftune up` makes one for its own engine. Per tenant, at most this many chat requests
-    # at once in an API process (429 past it); n x max_tokens at most this many tokens; vLLM's ignore_eos
-    # only where the operator allows it. ftune's engine stops a generation after this many seconds.
-    inference_api_key: str = ""
-    chat_max_concurrent_per_tenant: int = Field(default=2, ge=1)
-    chat_max_total_tokens: int = Field(default=4096, ge=1)
-    chat_allow_ignore_eos: bool = False
-    inference_generation_seconds: float = Field(default=120, gt=0)

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from core.arch import load_architecture
 from core.catalog import Catalog
 from core.data.examples import kind_of
-from core.errors import InvalidInput, NotFound, Unsupported
+from core.errors import Conflict, InvalidInput, NotFound, Unsupported
 from core.planner import BatchShape, Plan
 from core.planner.feasibility import plan_for_fleet, plan_on, require_fits, tokens_per_epoch
 from core.planner.gpus import resolve_gpu
@@ -76,6 +76,30 @@ def check_dataset(
     return ds
 
 
+def recheck_references(session: Session, *, spec: JobSpec, tenant_id: str) -> None:
+    """In the job's insert transaction, after models.tenants.lock_tenant (which the deletes of datasets
+    take too): what admission checked is still there. A dataset deleted (or a job deleted) while the job
+    was admitted is a Conflict, not a foreign key's error."""
+    named = (("dataset_id", spec.dataset_id), ("validation_dataset_id", spec.validation_dataset_id))
+    for param, dataset_id in named:
+        if dataset_id and datasets_db.get_live_dataset(session, dataset_id, tenant_id) is None:
+            raise Conflict(
+                f"dataset {dataset_id!r} was deleted while the job was admitted; upload it again and "
+                "resubmit the job",
+                code="dataset_deleted_during_admission",
+                param=param,
+            )
+    if spec.init_from is not None:
+        earlier = jobs_db.get_job(session, spec.init_from, tenant_id)
+        if earlier is None or earlier.deleted_at is not None:
+            raise Conflict(
+                f"job {spec.init_from!r} was deleted while the job was admitted; init_from names an "
+                "earlier job of yours that still has its adapter",
+                code="init_from_deleted_during_admission",
+                param="init_from",
+            )
+
+
 # The fields that shape a LoRA adapter: a job continuing from one must ask for the same shape.
 LORA_SHAPE = ("lora_r", "lora_alpha", "lora_target_modules")
 
@@ -90,6 +114,13 @@ def check_init_from(session: Session, *, spec: JobSpec, tenant_id: str) -> Job |
         raise InvalidInput(
             f"job {spec.init_from!r} does not exist; init_from names an earlier job of yours",
             code="init_from_not_found",
+            param="init_from",
+        )
+    if earlier.deleted_at is not None:  # its adapter and checkpoints are gone
+        raise InvalidInput(
+            f"job {spec.init_from!r} was deleted with its adapter; init_from names an earlier job of yours "
+            "that still has one",
+            code="init_from_deleted",
             param="init_from",
         )
     if earlier.status != JobStatus.SUCCEEDED:

@@ -1,16 +1,30 @@
-"""Tenants and their API keys."""
+"""Tenants, their API keys and their quotas.
+
+A quota decision (a job slot, stored bytes) is made in a transaction that first locks the tenant
+(`lock_tenant`), so that concurrent requests of one tenant decide one after another and none of them
+counts without the others' rows. Admission holds a job slot while it measures (`reserve_job_slot`):
+the slot is taken before anything slow and given back, or turned into the Job row, in short
+transactions; no lock is held while the data is measured. `TenantGate` bounds work of one kind at once
+(uploads streaming, measurements running), per process.
+"""
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from core import keys
+from core.errors import PayloadTooLarge, RateLimited
 from core.states import TERMINAL
 from core.storage import new_id
-from models.tables import ApiKey, Dataset, Job, Tenant, utcnow
+from models.tables import ApiKey, Dataset, IdempotencyKey, Job, Tenant, utcnow
 
 
 @dataclass(frozen=True)
@@ -94,3 +108,128 @@ def stored_bytes(session: Session, tenant_id: str) -> int:
         )
         or 0
     )
+
+
+def lock_tenant(session: Session, tenant_id: str) -> None:
+    """Serialise the tenant's quota decisions: other transactions that lock the same tenant wait until this
+    one ends. PostgreSQL: the tenant's row, FOR UPDATE. SQLite: the database's write lock, taken by a write;
+    pysqlite begins a transaction at its first write, so call this first in the transaction, and the reads
+    that follow see every commit made before it."""
+    if session.get_bind().dialect.name == "sqlite":
+        session.execute(update(Tenant).where(Tenant.id == tenant_id).values(name=Tenant.name))
+    else:
+        session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
+
+
+def check_storage_room(session: Session, tenant_id: str, size_bytes: int, quota: int) -> None:
+    """Refuse storing `size_bytes` more than the tenant's quota allows (after lock_tenant, so parallel
+    uploads cannot each see the same room)."""
+    used = stored_bytes(session, tenant_id)
+    if used + size_bytes > quota:
+        raise PayloadTooLarge(
+            f"storing this upload of {size_bytes} bytes would exceed the storage quota of {quota} bytes "
+            f"({used} bytes are used); delete datasets to make room",
+            code="storage_quota_exceeded",
+            param="file",
+            details={"quota_bytes": quota, "used_bytes": used, "size_bytes": size_bytes},
+        )
+
+
+# Job slots held by admissions in progress: rows of the claims table (models.idempotency's), one per job
+# id being admitted, under a scope of their own, so they need no table of their own. A slot outlives its
+# request only when its process died; then it is ignored once older than its time to live.
+SLOT_SCOPE = "{tenant_id} admission"
+SLOT_HELD = "in_flight"
+
+
+def too_many_jobs(limit: int) -> RateLimited:
+    return RateLimited(
+        f"at most {limit} queued, running or paused jobs per tenant", retry_after=60, code="too_many_jobs"
+    )
+
+
+def _slots(tenant_id: str, ttl_seconds: float) -> tuple[ColumnElement[bool], ColumnElement[bool]]:
+    return (
+        IdempotencyKey.scope == SLOT_SCOPE.format(tenant_id=tenant_id),
+        IdempotencyKey.created_at >= utcnow() - timedelta(seconds=ttl_seconds),
+    )
+
+
+def reserve_job_slot(
+    session: Session, tenant_id: str, job_id: str, *, limit: int, ttl_seconds: float
+) -> None:
+    """Hold one of the tenant's `limit` active-job slots for `job_id` while it is admitted; raises
+    RateLimited (too_many_jobs) when its active jobs and the slots held already use them all."""
+    lock_tenant(session, tenant_id)
+    scope = SLOT_SCOPE.format(tenant_id=tenant_id)
+    cutoff = utcnow() - timedelta(seconds=ttl_seconds)
+    session.execute(
+        delete(IdempotencyKey).where(IdempotencyKey.scope == scope, IdempotencyKey.created_at < cutoff)
+    )
+    if active_jobs(session, tenant_id) + held_slots(session, tenant_id, ttl_seconds) >= limit:
+        raise too_many_jobs(limit)
+    session.add(IdempotencyKey(scope=scope, key=job_id, status=SLOT_HELD, created_at=utcnow()))
+    session.flush()
+
+
+def held_slots(session: Session, tenant_id: str, ttl_seconds: float, *, but: str | None = None) -> int:
+    """Slots held by the tenant's admissions in progress (but the one of job `but`)."""
+    stmt = select(func.count()).select_from(IdempotencyKey).where(*_slots(tenant_id, ttl_seconds))
+    if but is not None:
+        stmt = stmt.where(IdempotencyKey.key != but)
+    return int(session.scalar(stmt) or 0)
+
+
+def take_job_slot(session: Session, tenant_id: str, job_id: str, *, limit: int, ttl_seconds: float) -> None:
+    """The admitted job's slot becomes its Job row (inserted next in this transaction): locks the tenant,
+    gives the slot back and checks again that the tenant has room (a slot held past its time to live may
+    have been counted out)."""
+    lock_tenant(session, tenant_id)
+    release_job_slot(session, tenant_id, job_id)
+    if active_jobs(session, tenant_id) + held_slots(session, tenant_id, ttl_seconds, but=job_id) >= limit:
+        raise too_many_jobs(limit)
+
+
+def release_job_slot(session: Session, tenant_id: str, job_id: str) -> None:
+    session.execute(
+        delete(IdempotencyKey).where(
+            IdempotencyKey.scope == SLOT_SCOPE.format(tenant_id=tenant_id), IdempotencyKey.key == job_id
+        )
+    )
+
+
+class TenantGate:
+    """At most `per_tenant` holders of one tenant, and `total` of all tenants (0: no total), at once in this
+    process; past either, `hold` raises RateLimited (429, Retry-After) at once rather than queueing work."""
+
+    def __init__(
+        self, *, what: str, code: str, per_tenant: int, total: int = 0, retry_after: int = 5
+    ) -> None:
+        self.what, self.code = what, code
+        self.per_tenant, self.total, self.retry_after = per_tenant, total, retry_after
+        self._lock = threading.Lock()
+        self._held: Counter[str] = Counter()
+
+    @contextmanager
+    def hold(self, tenant_id: str) -> Iterator[None]:
+        with self._lock:
+            if self._held[tenant_id] >= self.per_tenant:
+                raise RateLimited(
+                    f"at most {self.per_tenant} {self.what} per tenant at once; retry when one has finished",
+                    retry_after=self.retry_after,
+                    code=self.code,
+                )
+            if self.total and sum(self._held.values()) >= self.total:
+                raise RateLimited(
+                    f"the server runs at most {self.total} {self.what} at once; retry shortly",
+                    retry_after=self.retry_after,
+                    code=self.code,
+                )
+            self._held[tenant_id] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held[tenant_id] -= 1
+                if self._held[tenant_id] <= 0:
+                    del self._held[tenant_id]

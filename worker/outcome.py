@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.errors import without_paths
 from core.run_protocol import EXIT_STOPPED, read_error
 from core.settings import Settings
 from core.states import JobStatus
@@ -147,9 +148,14 @@ class Outcome:
             return job is not None and attempt < job.max_attempts
 
     def _read_error(self, job_id: str, rc: int) -> tuple[str, str]:
+        """The attempt's error as its tenant sees it: no server paths (the log keeps the message whole)."""
         error = read_error(self.storage.error_path(job_id))
         if error is not None:
-            return error
+            code, message = error
+            shown = without_paths(message)
+            if shown != message:
+                log.warning("job %s: %s: %s", job_id, code, message)
+            return code, shown
         if rc < 0:
             name = signal.Signals(-rc).name
             hint = " (the kernel's out-of-memory killer sends SIGKILL)" if rc == -signal.SIGKILL else ""

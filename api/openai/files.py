@@ -27,6 +27,7 @@ from core.states import JobStatus
 from core.storage import Storage
 from models import datasets as datasets_db
 from models import jobs as jobs_db
+from models import tenants as tenants_db
 from models.db import session_scope
 from models.tables import Dataset, Job
 from models.tenants import Principal
@@ -41,14 +42,15 @@ UPLOAD_DOC = upload_doc({"purpose": {"type": "string", "enum": [PURPOSE]}}, requ
 @router.post("", response_model=FileObject, openapi_extra=UPLOAD_DOC, responses=documented(408, 413))
 async def create_file(request: Request, services: ServicesDep, principal: PrincipalDep) -> FileObject:
     """`client.files.create(file=open("data.jsonl", "rb"), purpose="fine-tune")`: a new dataset."""
-    tmp = services.storage.temp_file()
-    try:
-        room = await run_in_threadpool(upload_room, services, principal)
-        filename, fields, report = await receive_and_validate(request, services, tmp, room)
-        _check_fields(fields)
-        ds = await run_in_threadpool(store_dataset, services, principal, tmp, filename, report)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with services.uploads.hold(principal.tenant_id):  # 429 past the tenant's uploads at once
+        tmp = services.storage.temp_file()
+        try:
+            room = await run_in_threadpool(upload_room, services, principal)
+            filename, fields, report = await receive_and_validate(request, services, tmp, room)
+            _check_fields(fields)
+            ds = await run_in_threadpool(store_dataset, services, principal, tmp, filename, report)
+        finally:
+            tmp.unlink(missing_ok=True)
     return file_object(ds)
 
 
@@ -161,6 +163,7 @@ def file_content(
 def delete_file(file_id: str, services: ServicesDep, principal: PrincipalDep) -> FileDeleted:
     """Refused (400 file_in_use) while a job that is not finished trains or validates on the file."""
     with session_scope(services.sessions) as s:
+        tenants_db.lock_tenant(s, principal.tenant_id)  # one at a time with job inserts that name it
         ds = _get(s, file_id, principal)
         blocking = datasets_db.delete_unless_in_use(s, ds)
         if blocking:

@@ -59,10 +59,16 @@ async def upload_dataset(
     """
     # Every database call runs in a worker thread (run_in_threadpool): a slow or locked database must
     # not stop this event loop from serving other requests and streaming other uploads.
-    key = idempotency_key
+    with services.uploads.hold(principal.tenant_id):  # 429 past the tenant's uploads at once
+        return await _upload(request, services, principal, idempotency_key)
+
+
+async def _upload(
+    request: Request, services: Services, principal: Principal, key: str | None
+) -> JSONResponse:
     scope_key = f"{principal.tenant_id} {SCOPE}"
-    replay = await run_in_threadpool(idem.claim, services.sessions, scope_key, key, None) if key else None
-    owns_key = key is not None and replay is None
+    claimed = await run_in_threadpool(idem.claim, services.sessions, scope_key, key, None) if key else None
+    owner = claimed if isinstance(claimed, idem.Owner) else None
     tmp = services.storage.temp_file()
     try:
         room = await run_in_threadpool(upload_room, services, principal)
@@ -70,27 +76,21 @@ async def upload_dataset(
         request_hash = body_hash(
             {k: report[k] for k in ("sha256", "column_mapping")} | {"filename": filename}
         )
-        if key and replay:
+        if key and claimed is not None and not isinstance(claimed, idem.Owner):  # a replay
             await run_in_threadpool(check_replay_body, services, scope_key, key, request_hash)
-            return replayed(*replay)
+            return replayed(*claimed)
         response = await run_in_threadpool(_store, services, principal, tmp, filename, report)
     except BaseException:
-        if key is not None and owns_key:
+        if owner is not None:
             with anyio.CancelScope(shield=True):  # also when the client went away (a cancellation)
-                await run_in_threadpool(idem.release, services.sessions, scope_key, key)
+                await run_in_threadpool(idem.release, services.sessions, owner)
         raise
     finally:
         tmp.unlink(missing_ok=True)
-    if key is not None and owns_key:
+    if owner is not None:
         body = json.loads(bytes(response.body))
         await run_in_threadpool(
-            idem.finish,
-            services.sessions,
-            scope_key,
-            key,
-            request_hash,
-            response.status_code,
-            body,
+            idem.finish, services.sessions, owner, request_hash, response.status_code, body
         )
     return response
 
@@ -136,11 +136,21 @@ async def receive_and_validate(
 def store_dataset(
     services: Services, principal: Principal, tmp: Path, filename: str, report: dict[str, Any]
 ) -> Dataset:
-    """Move the validated upload into place under a new id and record it (valid or invalid)."""
+    """Move the validated upload into place under a new id and record it (valid or invalid), if the
+    tenant's storage quota has room for it: decided under the tenant's lock (models.tenants), so uploads
+    that finish together cannot all fit in the same room (upload_room only bounds each one's size)."""
     dataset_id = new_id()
-    os.replace(tmp, services.storage.dataset_path(dataset_id))
-    with session_scope(services.sessions) as s:
-        return datasets_db.create_dataset(s, principal.tenant_id, dataset_id, filename, report)
+    path = services.storage.dataset_path(dataset_id)
+    quota = services.settings.max_stored_bytes_per_tenant
+    try:
+        with session_scope(services.sessions) as s:
+            tenants_db.lock_tenant(s, principal.tenant_id)
+            tenants_db.check_storage_room(s, principal.tenant_id, report["size_bytes"], quota)
+            os.replace(tmp, path)
+            return datasets_db.create_dataset(s, principal.tenant_id, dataset_id, filename, report)
+    except BaseException:
+        path.unlink(missing_ok=True)  # not recorded: not stored
+        raise
 
 
 def _store(
@@ -183,6 +193,7 @@ def delete_dataset(dataset_id: str, services: ServicesDep, principal: PrincipalD
     """Delete a dataset and its stored file; refused (409 dataset_in_use) while a job that has not finished
     trains or validates on it. Finished jobs that used it keep its record, marked deleted."""
     with session_scope(services.sessions) as s:
+        tenants_db.lock_tenant(s, principal.tenant_id)  # one at a time with job inserts that name it
         ds = datasets_db.get_live_dataset(s, dataset_id, principal.tenant_id)
         if ds is None:
             raise NotFound(f"dataset {dataset_id!r} not found", code="dataset_not_found", param="dataset_id")

@@ -34,9 +34,8 @@ def test_same_key_different_body_is_422(client: TestClient, dataset_id: str) -> 
 def test_key_in_flight_is_409(client: TestClient, dataset_id: str) -> None:
     services = client.app.state.services  # type: ignore[attr-defined]
     tenant = client.get(f"/datasets/{dataset_id}").json()["tenant_id"]
-    assert (
-        idem.claim(services.sessions, f"{tenant} POST /jobs", "busy", "h") is None
-    )  # another request holds it
+    claimed = idem.claim(services.sessions, f"{tenant} POST /jobs", "busy", "h")
+    assert isinstance(claimed, idem.Owner)  # another request holds it
     r = client.post(
         "/jobs", json={"base_model": "tiny", "dataset_id": dataset_id}, headers={"Idempotency-Key": "busy"}
     )
