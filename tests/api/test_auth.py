@@ -40,6 +40,7 @@ def test_missing_or_wrong_key_is_401_on_every_route(
     ids["file_id"] = dataset_id  # /v1/files: the same rows
     ids["step"] = "1"  # GET /jobs/{job_id}/checkpoints/{step}
     ids["model"] = "tiny"  # GET /v1/models/{model}
+    ids["webhook_id"] = "wh_0"  # DELETE /webhooks/{webhook_id}, its secret rotation and deliveries
     revoked = new_key(app, "acme")
     assert client.get("/jobs", headers=revoked).status_code == 200
     with session_scope(app.state.services.sessions) as s:
