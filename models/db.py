@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import CursorResult, Engine, Result, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 
@@ -41,3 +41,9 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
         except BaseException:
             session.rollback()
             raise
+
+
+def rows_changed(result: Result[Any]) -> int:
+    """How many rows an UPDATE or DELETE changed: the compare-and-set's verdict. (Session.execute types
+    its result as Result; for these statements it is a CursorResult, which counts.)"""
+    return cast(CursorResult[Any], result).rowcount

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.errors import Conflict, InvalidInput
-from models.db import session_scope
+from models.db import rows_changed, session_scope
 from models.tables import IdempotencyKey, utcnow
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def _take_over(s: Session, scope: str, key: str, request_hash: str | None) -> da
         .values(request_hash=request_hash, created_at=now)
         .execution_options(synchronize_session=False)
     )
-    return now if result.rowcount == 1 else None  # type: ignore[attr-defined]
+    return now if rows_changed(result) == 1 else None
 
 
 def _same_body(row: IdempotencyKey, request_hash: str | None) -> None:
@@ -130,7 +130,7 @@ def finish(
             .values(status="done", request_hash=request_hash, response_status=status, response_body=body)
             .execution_options(synchronize_session=False)
         )
-    return _fenced(result.rowcount, owner, "finish")  # type: ignore[attr-defined]
+    return _fenced(rows_changed(result), owner, "finish")
 
 
 def release(sessions: sessionmaker[Session], owner: Owner) -> bool:
@@ -140,7 +140,7 @@ def release(sessions: sessionmaker[Session], owner: Owner) -> bool:
         result = s.execute(
             delete(IdempotencyKey).where(*_owned(owner)).execution_options(synchronize_session=False)
         )
-    return _fenced(result.rowcount, owner, "release")  # type: ignore[attr-defined]
+    return _fenced(rows_changed(result), owner, "release")
 
 
 def _fenced(rowcount: int, owner: Owner, what: str) -> bool:

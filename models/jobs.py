@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from core.data.token_stats import PENDING, TokenStats, needs_attention, summary
 from core.spec import ID_RE, JobSpec
 from core.states import OWNED, TERMINAL, JobStatus
+from models.db import rows_changed
 from models.pagination import newest_first, page
 from models.tables import Artifact, Job, JobEvent, utcnow
 from models.transitions import add_event, transition
@@ -97,7 +98,7 @@ def _set_token_stats(session: Session, job_id: str, stats: dict[str, Any], condi
     value = TokenStats.model_validate(stats)
     stored = value.model_dump(mode="json", exclude_none=True)
     result = session.execute(update(Job).where(Job.id == job_id, condition).values(token_stats=stored))
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    if rows_changed(result) != 1:
         return False
     if value.status == "ready":
         level = "warning" if needs_attention(value) else "info"
@@ -166,7 +167,7 @@ def heartbeat(session: Session, *, job_id: str, attempt: int, lease_seconds: flo
         .where(Job.id == job_id, Job.attempt == attempt, Job.status.in_(OWNED))
         .values(lease_until=now + timedelta(seconds=lease_seconds), updated_at=now, **progress)
     )
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    return rows_changed(result) == 1
 
 
 def stop_wanted(session: Session, *, job_id: str) -> bool:
@@ -254,7 +255,7 @@ def request_cancel(session: Session, *, job_id: str) -> str:
         .where(Job.id == job_id, Job.status.in_(OWNED))
         .values(cancel_requested=True, updated_at=utcnow())
     )
-    if result.rowcount == 1:  # type: ignore[attr-defined]
+    if rows_changed(result) == 1:
         msg = "cancel requested; stopping after this step"
         add_event(session, job_id=job_id, kind="cancel_requested", message=msg)
         return "cancelling"
@@ -358,7 +359,7 @@ def mark_deleted(session: Session, *, job_id: str) -> bool:
         .where(Job.id == job_id, Job.status.in_(finished), Job.deleted_at.is_(None))
         .values(deleted_at=utcnow())
     )
-    if not done.rowcount:  # type: ignore[attr-defined]
+    if not rows_changed(done):
         job = session.get(Job, job_id)
         return job is not None and job.deleted_at is not None  # deleted already: the same outcome
     for art in session.scalars(select(Artifact).where(Artifact.job_id == job_id)):

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from core.states import OWNED, TERMINAL, JobStatus, check_transition
 from models import webhooks
+from models.db import rows_changed
 from models.tables import Job, JobEvent, utcnow
 
 
@@ -50,7 +51,7 @@ def transition(
     if attempt is not None:
         stmt = stmt.where(Job.attempt == attempt)
     result = session.execute(stmt.values(**row))
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    if rows_changed(result) != 1:
         return False
     if event is not None:
         kind, message, data = event

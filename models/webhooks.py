@@ -23,6 +23,7 @@ from core.errors import Conflict, NotFound
 from core.secretbox import SecretBox, SecretUnreadable, is_sealed
 from core.settings import get_settings
 from core.states import JobStatus
+from models.db import rows_changed
 from models.tables import Job, Tenant, Webhook, WebhookDelivery, WebhookEvent, utcnow
 
 EVENT_TYPES = {
@@ -216,7 +217,7 @@ def give_up_exhausted(session: Session, *, now: datetime, max_attempts: int) -> 
         )
         .values(gave_up_at=now, next_attempt_at=None)
     )
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    return rows_changed(result)
 
 
 def claim(
@@ -241,7 +242,7 @@ def claim(
     result = session.execute(
         stmt.values(attempts=attempts + 1, next_attempt_at=now + timedelta(seconds=lease_seconds))
     )
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    return rows_changed(result) == 1
 
 
 class WebhookGone(Exception):

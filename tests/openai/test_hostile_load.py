@@ -5,7 +5,6 @@ each train a job and chat with it within a bound, and no worker's heartbeat goes
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,47 +17,12 @@ import pytest
 
 from tests.e2e.stack import AUTH
 from tests.openai.conftest import ALPACA, SUPERVISED, Stack, wait_for
+from tests.slow_loris import SlowLoris
 
 RUN = {"max_steps": 8, "max_seq_len": 96, "lora_r": 8, "lora_dropout": 0.0, "checkpoint_every_steps": 4}
 JOB_BOUND_S = 300  # both polite tenants' jobs succeed within this, hostile load and all
 CHAT_BOUND_S = 30  # and each answers a chat within this
 STALE_S = 20  # a heartbeat older than this would mean a stalled worker loop
-
-
-class SlowLoris:
-    """A webhook receiver that reads the request, then answers one byte a second until it is closed."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hooks"
-        self.connections = 0
-        self.closed = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while not self.closed.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
-
-    def _drip(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                for byte in b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n" + b"x" * 100000:
-                    if self.closed.is_set():
-                        return
-                    conn.sendall(bytes([byte]))
-                    time.sleep(1)
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self.closed.set()
-        self.sock.close()
 
 
 @pytest.fixture
