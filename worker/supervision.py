@@ -25,12 +25,14 @@ SHUTDOWN_TIMEOUT_S = 600
 
 def training_command(run_json: Path) -> list[str]:
     """One process, or with num_gpus > 1 one FSDP rank per device under torchrun (gloo ranks on a CPU)."""
+    from training import run  # standard library and core only at import: for its name, never called
+
     n = RunConfig.model_validate_json(run_json.read_text()).spec.num_gpus
     if n == 1:
-        return [sys.executable, "-m", "training.run", str(run_json)]
+        return [sys.executable, "-m", run.__name__, str(run_json)]
     # --standalone: a private rendezvous on a free port, so jobs on one machine do not collide.
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
-    return [*launcher, "-m", "training.run", str(run_json)]
+    return [*launcher, "-m", run.__name__, str(run_json)]
 
 
 def spawn(command: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
