@@ -14,12 +14,10 @@ from sqlalchemy import text
 
 from core.secretbox import SecretBox
 from core.settings import Settings
-from core.states import JobStatus
 from models import webhooks as webhooks_db
 from models.db import session_scope
-from models.tables import Job, Webhook, WebhookEvent, utcnow
-from models.transitions import transition
-from tests.rows import valid_dataset
+from models.tables import Webhook, WebhookEvent, utcnow
+from tests.rows import succeeded_job
 
 PUBLIC = "http://93.184.215.14/hooks"  # a public address, numeric: nothing to resolve, nothing is sent
 
@@ -176,22 +174,7 @@ def _finished_job(app: FastAPI, webhook_id: str) -> str:
     with session_scope(app.state.services.sessions) as s:
         hook = s.get(Webhook, webhook_id)
         assert hook is not None
-        n = utcnow().timestamp()
-        ds_id, job_id = f"{int(n * 1e6):031x}d", f"{int(n * 1e6):031x}j"
-        s.add(valid_dataset(hook.tenant_id, ds_id))
-        s.add(
-            Job(
-                id=job_id,
-                tenant_id=hook.tenant_id,
-                status="running",
-                spec={},
-                dataset_id=ds_id,
-                base_model="tiny",
-                method="lora",
-            )
-        )
-        s.flush()
-        assert transition(s, job_id=job_id, src=JobStatus.RUNNING, dst=JobStatus.SUCCEEDED)
+        job_id = succeeded_job(s, hook.tenant_id)
     return job_id
 
 

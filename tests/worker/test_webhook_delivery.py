@@ -7,24 +7,20 @@ them: tests/worker/test_webhook_hostile.py)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import openai
-import pytest
 from pydantic import SecretStr
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.secretbox import SecretBox
 from core.settings import Settings
-from core.states import JobStatus
 from models import webhooks as webhooks_db
 from models.db import make_engine, make_session_factory, session_scope
-from models.tables import Job, WebhookEvent, utcnow
+from models.tables import WebhookEvent, utcnow
 from models.tenants import get_or_create_tenant
-from models.transitions import transition
-from tests.rows import valid_dataset
+from tests.rows import succeeded_job
 from worker.webhooks import backoff, deliver_due
 
 # The key that seals webhook secrets, shared by the tests' registrations and their workers (FTUNE_SECRET_KEY).
@@ -54,36 +50,12 @@ class Receiver:
         return answer
 
 
-@pytest.fixture
-def sessions(migrated_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(migrated_url)
-    try:
-        yield make_session_factory(engine)
-    finally:
-        engine.dispose()
-
-
 def finished_job(sessions: sessionmaker[Session], url: str, tenant_name: str = "") -> tuple[str, str]:
     """A tenant with a webhook on `url` and a job that just succeeded: (secret, job id)."""
     with session_scope(sessions) as s:
         tenant = get_or_create_tenant(s, tenant_name or f"t{time.time_ns()}").id
         secret = webhooks_db.register(s, tenant_id=tenant, url=url, box=BOX).secret
-        n = time.time_ns()
-        ds_id, job_id = f"{n:031x}d", f"{n:031x}j"
-        s.add(valid_dataset(tenant, ds_id))
-        s.add(
-            Job(
-                id=job_id,
-                tenant_id=tenant,
-                status="running",
-                spec={},
-                dataset_id=ds_id,
-                base_model="tiny",
-                method="lora",
-            )
-        )
-        s.flush()
-        assert transition(s, job_id=job_id, src=JobStatus.RUNNING, dst=JobStatus.SUCCEEDED)
+        job_id = succeeded_job(s, tenant)
     return secret, job_id
 
 

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.queues import QUEUE, class_queue
 from models import webhooks as webhooks_db
-from models.db import make_engine, make_session_factory, session_scope
+from models.db import session_scope
 from models.tables import Webhook, WebhookDelivery, WebhookEvent, utcnow
 from models.tables import Worker as WorkerRow
 from tests.slow_loris import SlowLoris
@@ -44,15 +44,6 @@ def slow() -> Iterator[SlowLoris]:
         yield server
     finally:
         server.close()
-
-
-@pytest.fixture
-def sessions(migrated_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(migrated_url)
-    try:
-        yield make_session_factory(engine)
-    finally:
-        engine.dispose()
 
 
 def attempts(sessions: sessionmaker[Session], event_id: str) -> list[WebhookDelivery]:
