@@ -42,6 +42,7 @@ class Services:
     # This process's bounds on work at once (429 past them): measurements at admission, uploads streaming.
     measurements: TenantGate = field(init=False)
     uploads: TenantGate = field(init=False)
+    chats: TenantGate = field(init=False)  # the engine is shared: a tenant's chat completions at once
 
     def __post_init__(self) -> None:
         self.placer = Placer(self.catalog)
@@ -50,6 +51,12 @@ class Services:
             what="uploads",
             code="too_many_uploads",
             per_tenant=self.settings.max_concurrent_uploads_per_tenant,
+        )
+        self.chats = TenantGate(
+            what="chat completions",
+            code="too_many_concurrent_requests",
+            per_tenant=self.settings.chat_max_concurrent_per_tenant,
+            retry_after=1,
         )
 
     @classmethod

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -210,8 +210,9 @@ class TenantGate:
         self._lock = threading.Lock()
         self._held: Counter[str] = Counter()
 
-    @contextmanager
-    def hold(self, tenant_id: str) -> Iterator[None]:
+    def take(self, tenant_id: str) -> Callable[[], None]:
+        """A hold of the tenant's (RateLimited when none is left), and its release (idempotent): for a
+        hold that ends elsewhere than it began, as a chat stream's does."""
         with self._lock:
             if self._held[tenant_id] >= self.per_tenant:
                 raise RateLimited(
@@ -226,10 +227,24 @@ class TenantGate:
                     code=self.code,
                 )
             self._held[tenant_id] += 1
-        try:
-            yield
-        finally:
+        released = False
+
+        def release() -> None:
+            nonlocal released
             with self._lock:
+                if released:
+                    return
+                released = True
                 self._held[tenant_id] -= 1
                 if self._held[tenant_id] <= 0:
                     del self._held[tenant_id]
+
+        return release
+
+    @contextmanager
+    def hold(self, tenant_id: str) -> Iterator[None]:
+        release = self.take(tenant_id)
+        try:
+            yield
+        finally:
+            release()

@@ -34,7 +34,7 @@ from api.deps import Services, ServicesDep
 from api.inference_client import Adapter, EngineError, InferenceClient
 from api.openai.errors import AUTHED, OpenAIErrorResponse, OpenAIRoute, documented, error_response
 from core import ft_names
-from core.errors import FtuneError, InvalidInput, NotFound, RateLimited, Unavailable
+from core.errors import FtuneError, InvalidInput, NotFound, Unavailable
 from core.settings import Settings
 from models import served
 from models.tenants import Principal
@@ -142,44 +142,6 @@ class ChatCompletionRequest(BaseModel):
         keep -= {"response_format"}
         body = self.model_dump(include=keep, exclude_unset=True, exclude_none=True)
         return json.dumps(body).encode()
-
-
-class TenantSlots:
-    """At most `limit` chat requests of each tenant at once in this process (the engine is shared)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held: dict[str, int] = {}
-
-    def take(self, tenant_id: str) -> Callable[[], None]:
-        """A slot of the tenant's (429 when it has none left), and its release (idempotent)."""
-        if self.held.get(tenant_id, 0) >= self.limit:
-            raise RateLimited(
-                f"this organization has {self.limit} chat completions running, its limit; retry later",
-                retry_after=1,
-                code="too_many_concurrent_requests",
-            )
-        self.held[tenant_id] = self.held.get(tenant_id, 0) + 1
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                left = self.held[tenant_id] - 1
-                if left:
-                    self.held[tenant_id] = left
-                else:
-                    del self.held[tenant_id]
-
-        return release
-
-
-def tenant_slots(request: Request, settings: Settings) -> TenantSlots:
-    slots: TenantSlots | None = getattr(request.app.state, "chat_slots", None)
-    if slots is None or slots.limit != settings.chat_max_concurrent_per_tenant:
-        slots = request.app.state.chat_slots = TenantSlots(settings.chat_max_concurrent_per_tenant)
-    return slots
 
 
 class HeldStream(StreamingResponse):
@@ -363,7 +325,7 @@ async def create_chat_completion(
 ) -> Response:
     """`client.chat.completions.create(model=..., messages=[...])`, with `stream=True` too."""
     body.check(services.settings)
-    release = tenant_slots(request, services.settings).take(principal.tenant_id)
+    release = services.chats.take(principal.tenant_id)
     # Until the engine answers (all of it when not streaming) the client is watched: one that goes away
     # cancels the engine's request (its connection closes), so the engine stops generating for it.
     answering = asyncio.ensure_future(answer(request, body, services, principal))
