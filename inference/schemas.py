@@ -11,14 +11,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from core.chat_limits import MAX_N, MAX_STOP_CHARS, MAX_STOPS
 from core.data.examples import Message
 from inference.errors import invalid
 from inference.generation import Sampling
-
-MAX_N = 16
-# OpenAI's limits: each stop string is searched for in the text after every token
-MAX_STOPS = 4
-MAX_STOP_CHARS = 64
 
 
 class ChatMessage(BaseModel):

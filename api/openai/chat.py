@@ -34,6 +34,7 @@ from api.deps import Services, ServicesDep
 from api.inference_client import Adapter, EngineError, InferenceClient
 from api.openai.errors import AUTHED, OpenAIErrorResponse, OpenAIRoute, documented, error_response
 from core import ft_names
+from core.chat_limits import MAX_N, MAX_STOP_CHARS, MAX_STOPS
 from core.errors import FtuneError, InvalidInput, NotFound, Unavailable
 from core.settings import Settings
 from models import served
@@ -51,9 +52,7 @@ router = APIRouter(
 )
 
 # Bounds checked before anything reaches the engine (which checks the context length itself).
-MAX_N = 16
 MAX_TOKENS = 32768
-MAX_STOPS, MAX_STOP_CHARS = 4, 64  # OpenAI's
 PASSED_HEADERS = ("retry-after",)  # of an engine's error answer, e.g. 429's
 UNAVAILABLE = "the inference engine is unavailable; try again shortly"
 
