@@ -8,7 +8,7 @@ import pytest
 
 from core.arch import from_config
 from core.planner.serving import adapter_bytes, max_resident_adapters, serving_bytes, serving_terms
-from tests.core.test_planner import LLAMA3_8B
+from tests.core.planner_util import LLAMA3_8B
 
 
 def test_terms_by_hand_for_llama3_8b() -> None:
