@@ -9,7 +9,7 @@ assistant reply, lognormal lengths, median ~120 words) as JSONL, then trains fou
 
   ftune packed    the real engine: a RunConfig and `python -m training.run run.json` (through this file's
   ftune padded    --ftune-entry, which reads the CUDA allocator's peaks in the training process after it)
-  trl packed      TRL's SFTTrainer, packing=True (best-fit decreasing, padding-free: one flat row)
+  trl packed      TRL's SFTTrainer (bench/trl_reference.py), packing=True (best-fit decreasing, padding-free)
   trl padded      TRL's SFTTrainer, padded micro-batches (transformers' length-grouped sampler, where it has
                   one: ftune's padded batches are length-grouped too)
 
@@ -70,6 +70,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import gpu_check  # noqa: E402  # its model (the ~1.1B shape, built once for both) and GPU lookup
+from trl_reference import cuda_peaks, outcome, speed, trl_entry, trl_row  # noqa: E402  # TRL's side
 
 SMOKE_NAME = "gpu-vs-trl-tiny"
 DATASET_ID = "gpuvstrl01"
@@ -174,14 +175,6 @@ def job_spec(setup: Setup, packing: bool, base_model: str):  # -> core.spec.JobS
 # -- the processes that train --------------------------------------------------------------------------------
 
 
-def _cuda_peaks() -> dict[str, int | None]:
-    import torch
-
-    if not torch.cuda.is_available():
-        return {"allocated": None, "reserved": None}
-    return {"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved()}
-
-
 def ftune_entry(run_json: str) -> int:
     """Train through the engine's own entry point in this process, then record the allocator's peaks."""
     import torch
@@ -195,154 +188,8 @@ def ftune_entry(run_json: str) -> int:
         memory.PeakMemory.__init__.__defaults__ = (0,)
     code = main([run_json])
     out = Path(json.loads(Path(run_json).read_text())["output_dir"]) / "cuda_peaks.json"
-    out.write_text(json.dumps(_cuda_peaks()))
+    out.write_text(json.dumps(cuda_peaks()))
     return code
-
-
-def trl_entry(job_json: str) -> int:
-    """Train with TRL's SFTTrainer in this process; write per-step times, tokens, losses and peaks."""
-    job = json.loads(Path(job_json).read_text())
-    out = Path(job["output_dir"])
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, TrainerCallback, TrainingArguments
-    from trl import SFTConfig, SFTTrainer
-
-    from core.spec import JobSpec
-    from training.data import load_for_training
-    from training.model import load_tokenizer
-
-    spec = JobSpec.model_validate(job["spec"])
-    cuda = torch.cuda.is_available()
-    model_dir = Path(job["model_dir"])
-    tokenizer = load_tokenizer(model_dir)
-    items, _, _ = load_for_training(Path(job["dataset_path"]), tokenizer, spec)  # ftune's very tokens
-    data = Dataset.from_dict({"input_ids": [t.input_ids for t in items], "labels": [t.labels for t in items]})
-
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir,
-        dtype=getattr(torch, spec.torch_dtype),
-        attn_implementation=spec.attn_implementation,
-        local_files_only=True,
-    )
-    model.config.use_cache = False
-    if cuda:
-        model.to("cuda")
-    lora = LoraConfig(
-        r=spec.lora_r,
-        lora_alpha=int(spec.lora_alpha),
-        lora_dropout=spec.lora_dropout,
-        target_modules=spec.lora_target_modules,
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-    fields = TrainingArguments.__dataclass_fields__
-    sampler: dict[str, Any] = {}
-    if not spec.packing:  # length-grouped, as ftune's padded batches are (the field's name varies)
-        if "train_sampling_strategy" in fields:
-            sampler["train_sampling_strategy"] = "group_by_length"
-        elif "group_by_length" in fields:
-            sampler["group_by_length"] = True
-    config = SFTConfig(
-        output_dir=str(out / "trl"),
-        max_steps=spec.max_steps,
-        per_device_train_batch_size=spec.micro_batch_size,
-        gradient_accumulation_steps=1,
-        learning_rate=spec.learning_rate,
-        lr_scheduler_type="linear",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        optim="adamw_torch",
-        seed=spec.seed,
-        bf16=cuda,
-        fp16=False,
-        use_cpu=not cuda,
-        gradient_checkpointing=bool(spec.gradient_checkpointing),
-        gradient_checkpointing_kwargs={"use_reentrant": False} if spec.gradient_checkpointing else None,
-        max_length=spec.max_seq_len,
-        packing=spec.packing,
-        packing_strategy="bfd",
-        padding_free=spec.packing,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        **sampler,
-    )
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
-    class CountingSFTTrainer(SFTTrainer):
-        """SFTTrainer, counting the real input tokens and the slots (padding included) it trains on."""
-
-        tokens = 0
-        slots = 0
-
-        def training_step(self, model, inputs, *args, **kwargs):
-            ids, mask = inputs["input_ids"], inputs.get("attention_mask")
-            self.tokens += int(mask.sum()) if mask is not None else ids.numel()
-            self.slots += ids.numel()
-            return super().training_step(model, inputs, *args, **kwargs)
-
-    steps: list[dict[str, Any]] = []
-    losses: dict[int, float] = {}
-
-    class Clock(TrainerCallback):
-        begin = 0.0
-        tokens = slots = 0
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            sync()
-            self.tokens, self.slots = trainer.tokens, trainer.slots
-            self.begin = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            sync()
-            end = time.perf_counter()
-            steps.append(
-                {
-                    "step": state.global_step,
-                    "seconds": end - self.begin,
-                    "end": end,
-                    "tokens": trainer.tokens - self.tokens,
-                    "slots": trainer.slots - self.slots,
-                }
-            )
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                losses[state.global_step] = float(logs["loss"])
-
-    trainer = CountingSFTTrainer(
-        model=model,
-        args=config,
-        train_dataset=data,
-        processing_class=tokenizer,
-        peft_config=lora,
-        callbacks=[Clock()],
-    )
-    trainer.train()
-    trained = [p for p in trainer.model.parameters() if p.requires_grad]
-    base = trainer.model.get_base_model()
-    result = {
-        "lora_dtypes": sorted({str(p.dtype) for p in trained}),
-        "trainable_params": sum(p.numel() for p in trained),
-        "gradient_checkpointing": bool(getattr(base, "is_gradient_checkpointing", False)),
-        "steps": steps,
-        "losses": {str(k): v for k, v in losses.items()},
-        "peaks": _cuda_peaks(),
-        "attn": getattr(trainer.model.config, "_attn_implementation", None),
-        "sampler": sampler or None,
-        "examples": len(items),
-        "train_rows": len(trainer.train_dataset),
-    }
-    (out / "trl_result.json").write_text(json.dumps(result))
-    return 0
 
 
 class Process:
@@ -434,9 +281,7 @@ def collect(run: Run, setup: Setup, code: int | None, wall: float, work: Path) -
     """The run's row of the table, from what its process left in its directory."""
     out = work / run.dir_name
     row = _row(run, code, wall, out)
-    return row | (
-        _ftune_row(out, setup, run.packing) if run.engine == "ftune" else _trl_row(out, run.packing)
-    )
+    return row | (_ftune_row(out, setup, run.packing) if run.engine == "ftune" else trl_row(out, run.packing))
 
 
 def _ftune_row(out: Path, setup: Setup, packing: bool) -> dict:
@@ -450,50 +295,15 @@ def _ftune_row(out: Path, setup: Setup, packing: bool) -> dict:
         "attn": "ftune_packed (SDPA per example)" if packing and setup.attn == "sdpa" else setup.attn,
         "trainable_params": start.trainable_params if start else None,
         "plan_peak_bytes": start.predicted_peak_bytes if start else None,  # the planner's, for reference
-        "steps_done": len(records),
-        "first_loss": records[0].loss if records else None,
-        "final_loss": records[-1].loss if records else None,
-        "max_allocated_bytes": peaks.get("allocated"),
-        "max_reserved_bytes": peaks.get("reserved"),
+        **outcome(len(records), [r.loss for r in records], peaks),
     }
     timed = [r for r in records if r.step >= 2]
     first = next((r for r in records if r.step == 1), None)
     if timed and first is not None:  # elapsed_s: the steps' seconds summed (training.recipe)
-        row |= _speed(sum(r.tokens for r in timed), None, timed[-1].elapsed_s - first.elapsed_s, len(timed))
+        row |= speed(sum(r.tokens for r in timed), None, timed[-1].elapsed_s - first.elapsed_s, len(timed))
     err = read_error(out / "error.json")
     if err:
         row["error"] = f"{err[0]}: {err[1][:300]}"
-    return row
-
-
-def _trl_row(out: Path, packing: bool) -> dict:
-    path = out / "trl_result.json"
-    if not path.exists():
-        return {}
-    res = json.loads(path.read_text())
-    steps = res["steps"]
-    losses = {int(k): v for k, v in res["losses"].items()}
-    row: dict[str, Any] = {
-        "attn": res["attn"]
-        + (" (block mask from position_ids)" if packing and res["attn"] == "sdpa" else ""),
-        "sampler": res["sampler"],
-        "lora_dtypes": res["lora_dtypes"],
-        "trainable_params": res["trainable_params"],
-        "gradient_checkpointing": res["gradient_checkpointing"],
-        "train_rows": res["train_rows"],
-        "steps_done": len(steps),
-        "first_loss": losses[min(losses)] if losses else None,
-        "final_loss": losses[max(losses)] if losses else None,
-        "max_allocated_bytes": res["peaks"]["allocated"],
-        "max_reserved_bytes": res["peaks"]["reserved"],
-    }
-    timed = [s for s in steps if s["step"] >= 2]
-    if timed:
-        tokens = sum(s["tokens"] for s in timed)
-        row |= _speed(tokens, sum(s["slots"] for s in timed), sum(s["seconds"] for s in timed), len(timed))
-        first = next((s for s in steps if s["step"] == 1), None)
-        if first is not None and timed[-1]["end"] > first["end"]:
-            row["loop_tokens_per_s"] = tokens / (timed[-1]["end"] - first["end"])
     return row
 
 
@@ -507,18 +317,6 @@ def _row(run: Run, code: int | None, wall: float, out: Path) -> dict:
         if code is None:
             row["error"] = f"timed out after {wall:.0f} s"
     return row
-
-
-def _speed(tokens: int, slots: int | None, seconds: float, steps: int) -> dict[str, Any]:
-    return {
-        "timed_steps": steps,
-        "timed_tokens": tokens,
-        "timed_seconds": seconds,
-        "tokens_per_s": tokens / seconds if seconds > 0 else None,
-        "tokens_per_step": tokens / steps,
-        "ms_per_step": 1000 * seconds / steps,
-        "padding_share": (1 - tokens / slots) if slots else (0.0 if slots is not None else None),
-    }
 
 
 # -- the table -----------------------------------------------------------------------------------------------
