@@ -1,0 +1,95 @@
+"""`{{ item.path }}` / `{{ sample.field.path }}` strings: checked when a grader is parsed, filled per sample.
+
+A path is dotted keys with optional list indexes: {{ item.a.b }}, {{ sample.output_tools[0].function.name }}.
+A missing value is the sample's failure (invalid_variable_error), and sample.output_json on an answer that
+is not a JSON object a sample_parse_error; both score 0. Strings are inserted as they are, numbers with
+str(), and objects, lists, booleans and null as JSON."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from core.graders.errors import GraderError
+from core.graders.results import GradeFailure
+from core.graders.sample import SAMPLE_FIELDS
+
+_TAG = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
+_PATH = re.compile(r"\s*([A-Za-z_]\w*)((?:\.[^.\[\]\s{}]+|\[\d+\])+)\s*$")
+_STEP = re.compile(r"\.([^.\[\]\s{}]+)|\[(\d+)\]")
+
+Step = str | int
+
+
+@dataclass(frozen=True)
+class Template:
+    """A string with {{ }} variables; `parts` alternates literal text and variable paths."""
+
+    source: str
+    parts: tuple[str | tuple[Step, ...], ...]
+
+    @classmethod
+    def parse(cls, source: str, param: str) -> Template:
+        parts: list[str | tuple[Step, ...]] = []
+        position = 0
+        for tag in _TAG.finditer(source):
+            parts.append(source[position : tag.start()])
+            parts.append(_parse_path(tag.group(1), param))
+            position = tag.end()
+        parts.append(source[position:])
+        return cls(source, tuple(part for part in parts if part != ""))
+
+    def render(self, sample: dict[str, Any], item: dict[str, Any]) -> str:
+        return "".join(
+            part if isinstance(part, str) else _as_text(lookup(part, sample, item)) for part in self.parts
+        )
+
+
+def _parse_path(text: str, param: str) -> tuple[Step, ...]:
+    match = _PATH.match(text)
+    if match is None:
+        raise GraderError(
+            "invalid_template", f"{{{{{text}}}}} is not {{{{ item.path }}}} or {{{{ sample.path }}}}", param
+        )
+    namespace, rest = match.groups()
+    if namespace not in ("item", "sample"):
+        raise GraderError(
+            "invalid_template", f"unknown namespace {namespace!r}: templates name item or sample", param
+        )
+    steps: list[Step] = [namespace]
+    steps += [int(index) if index else key for key, index in _STEP.findall(rest)]
+    if namespace == "sample" and steps[1] not in SAMPLE_FIELDS:
+        raise GraderError(
+            "invalid_template", f"sample has no {steps[1]!r}: it has {', '.join(SAMPLE_FIELDS)}", param
+        )
+    return tuple(steps)
+
+
+def lookup(path: tuple[Step, ...], sample: dict[str, Any], item: dict[str, Any]) -> Any:
+    """The value at `path`, or GradeFailure naming what was missing."""
+    value: Any = sample if path[0] == "sample" else item
+    if path[:2] == ("sample", "output_json") and sample.get("output_json") is None:
+        raise GradeFailure("sample_parse_error", "sample.output_json: the answer is not a JSON object")
+    for depth, step in enumerate(path[1:], start=2):
+        index = step if isinstance(step, int) else int(step) if step.isdigit() else None
+        if isinstance(value, dict) and isinstance(step, str) and step in value:
+            value = value[step]
+        elif isinstance(value, list) and index is not None and index < len(value):
+            value = value[index]
+        else:
+            raise GradeFailure("invalid_variable_error", f"{_show(path[:depth])} not found")
+    return value
+
+
+def _show(path: tuple[Step, ...]) -> str:
+    return "".join(f"[{s}]" if isinstance(s, int) else (s if i == 0 else f".{s}") for i, s in enumerate(path))
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return json.dumps(value, ensure_ascii=False)

@@ -1,0 +1,110 @@
+"""Templates: what {{ }} paths render to, what fails a sample, and what is refused when parsed."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.graders import GraderError, make_sample
+from core.graders.results import GradeFailure
+from core.graders.templates import Template
+
+ITEM = {
+    "answer": "Paris",
+    "n": 3,
+    "x": 1.5,
+    "ok": True,
+    "none": None,
+    "a": {"b": {"c": "deep"}},
+    "rows": [10, 20],
+}
+
+
+def render(source: str, output_text: str = '{"city": "Paris", "tags": ["a", "b"]}') -> str:
+    return Template.parse(source, "grader.input").render(make_sample(output_text), ITEM)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("{{item.answer}}", "Paris"),
+        ("{{ item.answer }}", "Paris"),  # spaces inside the braces, as OpenAI's examples write them
+        ("The capital is {{item.answer}}.", "The capital is Paris."),
+        ("{{item.a.b.c}}", "deep"),
+        ("{{item.rows[1]}}", "20"),
+        ("{{item.rows.0}}", "10"),
+        ("{{item.n}}/{{item.x}}", "3/1.5"),
+        ("{{item.ok}} {{item.none}}", "true null"),
+        ("{{item.a}}", '{"b": {"c": "deep"}}'),
+        ("{{item.rows}}", "[10, 20]"),
+        ("{{sample.output_text}}", '{"city": "Paris", "tags": ["a", "b"]}'),
+        ("{{sample.output_json.city}}", "Paris"),
+        ("{{sample.output_json.tags[0]}}{{sample.output_json.tags[1]}}", "ab"),
+        ("{{sample.output_tools}}", "[]"),
+        ("no variables at all", "no variables at all"),
+        ("", ""),
+    ],
+)
+def test_renders(source: str, expected: str) -> None:
+    assert render(source) == expected
+
+
+def test_tool_call_paths() -> None:
+    sample = make_sample("", output_tools=[{"function": {"name": "get_weather", "arguments": "{}"}}])
+    template = Template.parse("{{sample.output_tools[0].function.name}}", "grader.reference")
+    assert template.render(sample, {}) == "get_weather"
+
+
+@pytest.mark.parametrize(
+    ("source", "flag", "details"),
+    [
+        ("{{item.missing}}", "invalid_variable_error", "item.missing not found"),
+        ("{{item.a.b.x}}", "invalid_variable_error", "item.a.b.x not found"),
+        ("{{item.rows[2]}}", "invalid_variable_error", "item.rows[2] not found"),
+        ("{{item.answer.length}}", "invalid_variable_error", "item.answer.length not found"),
+        ("{{sample.output_json.missing}}", "invalid_variable_error", "sample.output_json.missing not found"),
+        ("{{sample.output_audio}}", "invalid_variable_error", "sample.output_audio not found"),
+    ],
+)
+def test_missing_values_fail_the_sample(source: str, flag: str, details: str) -> None:
+    with pytest.raises(GradeFailure) as caught:
+        render(source)
+    assert caught.value.errors.flags == [flag]
+    assert str(caught.value) == details
+
+
+@pytest.mark.parametrize("output_text", ["Paris", "[1, 2]", '"just a string"', "{not json", ""])
+def test_output_json_of_an_answer_that_is_no_json_object_is_a_sample_parse_error(output_text: str) -> None:
+    assert make_sample(output_text)["output_json"] is None
+    with pytest.raises(GradeFailure) as caught:
+        render("{{sample.output_json.city}}", output_text)
+    assert caught.value.errors.flags == ["sample_parse_error"]
+
+
+def test_make_sample() -> None:
+    assert make_sample('{"a": 1}') == {
+        "output_text": '{"a": 1}',
+        "output_json": {"a": 1},
+        "output_tools": [],
+        "choices": [],
+    }
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        ("{{ other.answer }}", "unknown namespace 'other'"),
+        ("{{ answer }}", "is not {{ item.path }}"),
+        ("{{ item }}", "is not {{ item.path }}"),
+        ("{{}}", "is not {{ item.path }}"),
+        ("{{ item. }}", "is not {{ item.path }}"),
+        ("{{ item.a b }}", "is not {{ item.path }}"),
+        ("{{ item.rows[x] }}", "is not {{ item.path }}"),
+        ("{{ sample.output }}", "sample has no 'output'"),
+        ("ok {{item.a}} then {{ itme.b }}", "unknown namespace 'itme'"),
+    ],
+)
+def test_bad_templates_are_refused_when_parsed(source: str, why: str) -> None:
+    with pytest.raises(GraderError) as caught:
+        Template.parse(source, "grader.graders.a.input")
+    assert (caught.value.code, caught.value.param) == ("invalid_template", "grader.graders.a.input")
+    assert why in caught.value.message
