@@ -102,6 +102,7 @@ class ModelOut(BaseModel):
     source: str
     architecture: str
     model_type: str
+    revision: str | None = None  # the Hub commit it was pulled at (or its HF cache snapshot); None: by hand
 
 
 T = TypeVar("T")

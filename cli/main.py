@@ -94,6 +94,32 @@ def cmd_models_list(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models_pull(args: argparse.Namespace) -> int:
+    """Download a base model from the Hub (core.hub: checked, safetensors only) into FTUNE_MODELS_DIR."""
+    from core.errors import FtuneError
+    from core.hub import pull
+
+    for name in ("httpx", "httpx2"):  # one INFO line per request would bury the progress lines
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        pull(
+            args.repo_id,
+            get_settings().models_dir,
+            revision=args.revision,
+            force=args.force,
+            say=lambda line: print(line, flush=True),
+        )
+    except FtuneError as e:
+        print(f"error ({e.code}): {e.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            "interrupted: the files already down are kept; run the same command to continue", file=sys.stderr
+        )
+        return 130
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -253,6 +279,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--force", action="store_true")
     demo.set_defaults(fn=cmd_models_build_demo)
     models.add_parser("list", help="list local base models").set_defaults(fn=cmd_models_list)
+    pull = models.add_parser(
+        "pull",
+        help="download a base model from the Hugging Face Hub (HF_ENDPOINT, HF_TOKEN) into the models dir",
+        description="Checks the architecture from config.json first, refuses custom code, fetches "
+        "safetensors weights only; an interrupted pull continues where it stopped when run again.",
+    )
+    pull.add_argument("repo_id", help="a Hub model id, org/name")
+    pull.add_argument("--revision", help="a branch, tag or commit (default main); the commit is recorded")
+    pull.add_argument("--force", action="store_true", help="replace a different model already at that name")
+    pull.set_defaults(fn=cmd_models_pull)
     return p
 
 

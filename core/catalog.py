@@ -2,7 +2,8 @@
 
 A model is a Hugging Face format directory (config.json + weights + tokenizer) either
 under models_dir/<name> (or models_dir/<org>/<name>) or in the local HF hub cache
-(models--<org>--<name>/snapshots/<revision>/).
+(models--<org>--<name>/snapshots/<revision>/). `ftune models pull` (core.hub) is the one way to fetch
+one, and only into models_dir/<org>/<name>, complete, with PULL_RECORD naming the commit it came from.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 from core.errors import NotFound
 from core.spec import MODEL_NAME_RE
 
+PULL_RECORD = "ftune-hub.json"  # written by core.hub beside a pulled model: repo, commit, files
+
 
 @dataclass(frozen=True)
 class BaseModelInfo:
@@ -23,6 +26,7 @@ class BaseModelInfo:
     source: str  # "models_dir" | "hf_cache"
     architecture: str
     model_type: str
+    revision: str | None = None  # the Hub commit: from PULL_RECORD, or the HF cache's snapshot name
 
 
 def default_hf_cache() -> Path:
@@ -30,6 +34,15 @@ def default_hf_cache() -> Path:
         return Path(os.environ["HF_HUB_CACHE"])
     hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
     return hf_home / "hub"
+
+
+def read_pull_record(model_dir: Path) -> dict | None:
+    """What core.hub recorded when it pulled this model (None for one copied in by hand)."""
+    try:
+        record = json.loads((model_dir / PULL_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _info(name: str, path: Path, source: str) -> BaseModelInfo | None:
@@ -40,7 +53,13 @@ def _info(name: str, path: Path, source: str) -> BaseModelInfo | None:
     if not isinstance(config, dict):
         return None
     archs = config.get("architectures") or ["unknown"]
-    return BaseModelInfo(name, path, source, str(archs[0]), str(config.get("model_type", "unknown")))
+    if source == "hf_cache":
+        revision: str | None = path.name
+    else:
+        revision = str(record["commit_sha"]) if (record := read_pull_record(path)) else None
+    return BaseModelInfo(
+        name, path, source, str(archs[0]), str(config.get("model_type", "unknown")), revision
+    )
 
 
 def _hf_snapshot(cache: Path, name: str) -> Path | None:
@@ -84,8 +103,8 @@ class Catalog:
             if info is not None:
                 return info
         raise NotFound(
-            f"base model {name!r} is not available locally; ftune never downloads models. "
-            "See GET /models for the models on this server.",
+            f"base model {name!r} is not available locally; ftune never downloads models for a job (an "
+            "operator can: `ftune models pull <org/name>`). See GET /models for the models on this server.",
             code="model_not_found",
             param="base_model",
         )

@@ -1,4 +1,4 @@
-"""Base models available on this server (local only; nothing is ever downloaded)."""
+"""Base models available on this server (local only; `ftune models pull` is how an operator adds one)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,12 @@ router = APIRouter(prefix="/models", tags=["models"], responses=errors(*AUTHED))
 @router.get("", response_model=list[ModelOut])
 def list_models(services: ServicesDep, _: PrincipalDep) -> list[ModelOut]:
     return [
-        ModelOut(name=m.name, source=m.source, architecture=m.architecture, model_type=m.model_type)
+        ModelOut(
+            name=m.name,
+            source=m.source,
+            architecture=m.architecture,
+            model_type=m.model_type,
+            revision=m.revision,
+        )
         for m in services.catalog.list()
     ]

@@ -1,0 +1,374 @@
+"""Pull a base model from the Hugging Face Hub into the models directory (`ftune models pull`).
+
+The one place ftune downloads a model, and only when an operator asks: jobs and the API never do. What
+comes down is checked before it can run anything or fill a disk: the architecture is read from config.json
+before any weights are fetched, custom code (`auto_map`) is refused (ftune never enables trust_remote_code),
+and only safetensors weights and known text files are requested, never pickle (*.bin, *.pt, *.ckpt).
+
+Files land in a staging directory, `models_dir/.pulls/<org>--<name>/<commit>/`, which the catalog never
+lists; a rerun after an interruption skips every file already complete there (huggingface_hub's local_dir
+metadata), and the model is moved to `models_dir/<org>/<name>/` in one atomic swap only when all of it is
+in. The commit the revision resolved to is recorded beside it (catalog.PULL_RECORD).
+
+HF_ENDPOINT (a mirror), HF_TOKEN (private or gated repos) and HF_HUB_OFFLINE are read when a pull starts.
+huggingface_hub is imported here lazily, so that core stays fast to import.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from core.arch import from_config
+from core.arch.families import BUILDERS
+from core.catalog import PULL_RECORD, read_pull_record
+from core.errors import Conflict, Forbidden, FtuneError, InvalidInput, NotFound, Unavailable, Unsupported
+from core.spec import MODEL_NAME_RE
+from core.storage import atomic_dir, atomic_write_text
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+STAGING_DIR = ".pulls"  # under models_dir; a leading dot is never a model name (MODEL_NAME_RE)
+
+# Every file a base model needs and nothing that can run code: weights in safetensors only, tokenizers as
+# JSON/text or sentencepiece (protobuf). Top level only: subfolders hold other formats (original/, onnx/).
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+TOKENIZER_FILES = frozenset(
+    {
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "tokenizer.model",
+        "vocab.json",
+        "merges.txt",
+        "chat_template.jinja",
+        "chat_template.json",
+    }
+)
+OTHER_FILES = frozenset({"generation_config.json", "LICENSE", "LICENSE.txt", "LICENSE.md", "README.md"})
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PulledModel:
+    name: str
+    path: Path
+    commit_sha: str
+    files: dict[str, int | None]  # file name -> size in bytes (as the Hub listed it)
+    already_present: bool = False
+
+
+def hub_endpoint() -> str:
+    """HF_ENDPOINT as it is now (huggingface_hub reads it once, at import)."""
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def pull(
+    repo_id: str,
+    models_dir: Path,
+    *,
+    revision: str | None = None,
+    force: bool = False,
+    say: Progress | None = None,
+    tqdm_class: Any = None,
+) -> PulledModel:
+    """Download `repo_id` at `revision` (default: main) into models_dir/<repo_id> and return it.
+
+    Raises FtuneError subclasses only, each with a message for people: unsupported architectures, custom
+    code, no safetensors, an unreachable Hub (with the settings to change), a repo or revision not found.
+    `tqdm_class` replaces huggingface_hub's progress bars (the API reports bytes through one)."""
+    say = say or (lambda _msg: None)
+    if not MODEL_NAME_RE.match(repo_id) or ".." in repo_id:
+        raise InvalidInput(f"not a Hub model id: {repo_id!r} (expected org/name)", param="repo_id")
+    endpoint = hub_endpoint()
+    target = models_dir / repo_id
+    if _truthy(os.environ.get("HF_HUB_OFFLINE")):
+        raise Unavailable(
+            f"HF_HUB_OFFLINE is set, so nothing can be pulled. Unset it to pull from {endpoint}, or copy "
+            f"the model by hand: {_by_hand(target)}",
+            code="hub_offline",
+        )
+    staging_root = models_dir / STAGING_DIR
+    staging_root.mkdir(parents=True, exist_ok=True)
+    with _lock(staging_root / (repo_id.replace("/", "--") + ".lock"), repo_id):
+        try:
+            return _pull(repo_id, models_dir, target, revision, force, endpoint, say, tqdm_class)
+        except FtuneError:
+            raise
+        except Exception as exc:
+            raise _as_ftune_error(exc, repo_id, revision, endpoint, target) from exc
+
+
+def _pull(
+    repo_id: str,
+    models_dir: Path,
+    target: Path,
+    revision: str | None,
+    force: bool,
+    endpoint: str,
+    say: Progress,
+    tqdm_class: Any,
+) -> PulledModel:
+    from huggingface_hub import HfApi, hf_hub_download
+
+    say(f"resolving {repo_id}@{revision or 'main'} on {endpoint}")
+    info = HfApi(endpoint=endpoint).model_info(repo_id, revision=revision, files_metadata=True, timeout=30)
+    sha = str(info.sha or "")
+    if not sha:
+        raise Unavailable(f"{endpoint} did not say which commit {repo_id}@{revision} is", code="hub_error")
+    listed = {s.rfilename: s.size for s in info.siblings or []}
+    say(f"revision {revision or 'main'} is commit {sha}")
+    _refuse_without_safetensors(repo_id, listed)
+
+    record = read_pull_record(target)
+    if (target / CONFIG).is_file():
+        if record and record.get("commit_sha") == sha:
+            say(f"{repo_id} at {sha} is already in {target}")
+            kept = {f: listed.get(f) for f in record.get("files", {})}
+            return PulledModel(repo_id, target, sha, kept, already_present=True)
+        if not force:
+            held = f"commit {record.get('commit_sha')}" if record else "a model not pulled by ftune"
+            raise Conflict(
+                f"{target} already holds {held}; pass --force to replace it with {sha}",
+                code="model_exists",
+            )
+
+    staging = models_dir / STAGING_DIR / repo_id.replace("/", "--") / sha
+
+    def fetch(filename: str) -> Path:
+        return Path(
+            hf_hub_download(
+                repo_id,
+                filename,
+                revision=sha,
+                local_dir=staging,
+                endpoint=endpoint,
+                tqdm_class=tqdm_class,
+            )
+        )
+
+    # The architecture first, from config.json alone: nothing else is fetched for a model ftune cannot train.
+    config = _read_json(fetch(CONFIG))
+    _check_config(repo_id, config)
+    say(f"{CONFIG}: {config['model_type']} ({', '.join(config.get('architectures') or [])}), supported")
+
+    shards = [WEIGHTS]
+    if WEIGHTS_INDEX in listed:
+        shards = _shards(repo_id, _read_json(fetch(WEIGHTS_INDEX)), listed)
+    texts = [f for f in sorted(listed) if f in TOKENIZER_FILES or f in OTHER_FILES]
+    total = sum(listed.get(f) or 0 for f in texts + shards)
+    say(f"downloading {len(texts + shards)} files, {_size(total)} (safetensors weights only) to {staging}")
+    done = 0
+    for i, filename in enumerate(texts + shards, 1):
+        if filename == shards[0]:  # the tokenizer is in: no custom code there either, before the weights
+            tokenizer_config = staging / "tokenizer_config.json"
+            if tokenizer_config.is_file() and "auto_map" in _read_json(tokenizer_config):
+                raise _custom_code(repo_id, "tokenizer_config.json")
+        fetch(filename)
+        done += listed.get(filename) or 0
+        share = f"{100 * done / total:.0f}%" if total else "?"
+        size = _size(listed.get(filename) or 0)
+        say(f"  [{i}/{len(texts + shards)}] {filename}  {size}  ({share} of {_size(total)})")
+
+    files = [CONFIG, *([WEIGHTS_INDEX] if WEIGHTS_INDEX in listed else []), *texts, *shards]
+    with atomic_dir(target) as tmp:
+        for filename in files:
+            os.replace(staging / filename, tmp / filename)
+        pulled = {
+            "repo_id": repo_id,
+            "revision": revision or "main",
+            "commit_sha": sha,
+            "endpoint": endpoint,
+            "files": {f: listed.get(f) for f in files},
+            "pulled_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        atomic_write_text(tmp / PULL_RECORD, json.dumps(pulled, indent=2) + "\n")
+    shutil.rmtree(staging, ignore_errors=True)
+    with suppress(OSError):
+        staging.parent.rmdir()  # when no other revision of the repo is half-pulled there
+    say(f"registered {repo_id} at {target} (commit {sha})")
+    return PulledModel(repo_id, target, sha, {f: listed.get(f) for f in files})
+
+
+def _refuse_without_safetensors(repo_id: str, listed: dict[str, int | None]) -> None:
+    if WEIGHTS in listed or WEIGHTS_INDEX in listed:
+        if CONFIG not in listed:
+            raise Unsupported(f"{repo_id} has no {CONFIG}", code="not_a_model", param="repo_id")
+        return
+    pickles = sorted(f for f in listed if f.endswith(PICKLE_SUFFIXES))
+    found = f"it has {', '.join(pickles[:5])}" if pickles else "it has no weights ftune can load"
+    raise Unsupported(
+        f"{repo_id} has no safetensors weights ({WEIGHTS} or {WEIGHTS_INDEX}); {found}. ftune loads "
+        "safetensors only: pickle weights can run code when loaded. Pick a revision or a repo with "
+        "safetensors (or convert the weights yourself and copy them in by hand).",
+        code="no_safetensors",
+        param="repo_id",
+    )
+
+
+def _check_config(repo_id: str, config: dict[str, Any]) -> None:
+    if "auto_map" in config:
+        raise _custom_code(repo_id, CONFIG)
+    try:
+        from_config(config)
+    except Unsupported as exc:
+        supported = ", ".join(sorted(k for k in BUILDERS if k.islower()))
+        model_type = config.get("model_type")
+        detail = f"model_type {model_type!r}" if exc.code == "unsupported_architecture" else exc.message
+        raise Unsupported(
+            f"{repo_id}: {detail} is not supported by ftune; supported model types: {supported}",
+            code="unsupported_architecture",
+            param="repo_id",
+        ) from None
+    except InvalidInput as exc:
+        raise InvalidInput(f"{repo_id}: {exc.message}", param="repo_id") from None
+
+
+def _custom_code(repo_id: str, filename: str) -> Unsupported:
+    return Unsupported(
+        f"{repo_id} needs custom code ({filename} has auto_map) and ftune never enables trust_remote_code; "
+        "use a checkpoint of an architecture that transformers ships",
+        code="remote_code_refused",
+        param="repo_id",
+    )
+
+
+def _shards(repo_id: str, index: dict[str, Any], listed: dict[str, int | None]) -> list[str]:
+    weight_map = index.get("weight_map")
+    shards = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
+    bad = [s for s in shards if not (isinstance(s, str) and s.endswith(".safetensors") and s in listed)]
+    if not shards or bad or any("/" in s for s in shards):
+        raise Unsupported(
+            f"{repo_id}: {WEIGHTS_INDEX} names shards that are not safetensors files of the repo: {bad[:3]}",
+            code="no_safetensors",
+            param="repo_id",
+        )
+    return shards
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidInput(f"cannot read {path.name}: {exc}", param="repo_id") from None
+    if not isinstance(data, dict):
+        raise InvalidInput(f"{path.name} is not a JSON object", param="repo_id")
+    return data
+
+
+@contextmanager
+def _lock(path: Path, repo_id: str) -> Iterator[None]:
+    """One pull of a repo at a time: two would write the same staging files."""
+    with path.open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Conflict(f"{repo_id} is being pulled already", code="pull_in_progress") from None
+        yield
+
+
+def _as_ftune_error(
+    exc: Exception, repo_id: str, revision: str | None, endpoint: str, target: Path
+) -> FtuneError:
+    """huggingface_hub's and httpx's exceptions, as errors that say what to do."""
+    from huggingface_hub import errors as hub
+
+    if isinstance(exc, hub.GatedRepoError):
+        return Forbidden(
+            f"{repo_id} is gated: accept its terms on the Hub, then set HF_TOKEN to a token of that account",
+            code="hub_gated",
+        )
+    if isinstance(exc, hub.RevisionNotFoundError):
+        return NotFound(f"{repo_id} has no revision {revision!r} on {endpoint}", code="revision_not_found")
+    if isinstance(exc, hub.RepositoryNotFoundError):
+        return NotFound(
+            f"{repo_id} is not a model repo on {endpoint} (a private repo needs HF_TOKEN)",
+            code="model_not_found",
+        )
+    if isinstance(exc, hub.OfflineModeIsEnabled):
+        return Unavailable(
+            f"HF_HUB_OFFLINE is set; copy the model by hand: {_by_hand(target)}", code="hub_offline"
+        )
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if status in (401, 403):
+        return Forbidden(
+            f"{endpoint} refused access to {repo_id} ({status}): check HF_TOKEN", code="hub_auth"
+        )
+    resume = "Files already downloaded are kept: run the same command again to continue."
+    fault = _network_fault(exc)
+    if fault == "connect":
+        return Unavailable(
+            f"cannot reach the Hugging Face Hub at {endpoint} ({_reason(exc)}). Set HF_ENDPOINT to a Hub "
+            "mirror this machine can reach; or, without network, set HF_HUB_OFFLINE=1 and copy the model "
+            f"by hand: {_by_hand(target)}. {resume}",
+            code="hub_unreachable",
+        )
+    if fault == "dropped":
+        return Unavailable(
+            f"the connection to {endpoint} broke off while pulling {repo_id} ({_reason(exc)}). {resume}",
+            code="hub_interrupted",
+        )
+    return Unavailable(
+        f"pulling {repo_id} from {endpoint} failed: {_reason(exc)}. {resume}", code="hub_error"
+    )
+
+
+def _network_fault(exc: BaseException) -> str | None:
+    """Which network fault is in the chain of causes: "connect" (refused, a name that does not resolve, a
+    connect timeout) or "dropped" (broke off or stalled mid-transfer); None for an answer from the server."""
+    from huggingface_hub import errors as hub
+
+    connect: list[type[BaseException]] = [hub.LocalEntryNotFoundError, ConnectionError]
+    dropped: list[type[BaseException]] = [TimeoutError]
+    for name in ("httpx2", "httpx"):  # huggingface_hub 2 uses httpx2, 1.x httpx
+        with suppress(ImportError, AttributeError):
+            module = __import__(name)
+            connect += [module.ConnectError, module.ConnectTimeout, module.ProxyError]
+            dropped.append(module.TransportError)
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, tuple(connect)):
+            return "connect"
+        if isinstance(seen, tuple(dropped)):
+            return "dropped"
+        seen = seen.__cause__  # not __context__: an HTTP 503 raised while retrying a drop is no network fault
+    return None
+
+
+def _reason(exc: BaseException) -> str:
+    root = exc
+    while root.__cause__ is not None or root.__context__ is not None:
+        root = root.__cause__ or root.__context__  # type: ignore[assignment]
+    return f"{type(root).__name__}: {str(root).splitlines()[0] if str(root) else ''}".rstrip(": ")
+
+
+def _by_hand(target: Path) -> str:
+    return (
+        f"put config.json, the tokenizer files and the *.safetensors weights in {target}/ "
+        "(`ftune models list` shows it)"
+    )
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KB", "MB"):
+        if value < 1000:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} GB"
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
