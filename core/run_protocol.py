@@ -7,7 +7,7 @@ exit code below; on failure it also writes output_dir/error.json ({"code", "mess
 Records, in order of appearance (typed below, told apart by "type"):
   start       once per attempt: totals, the data's token statistics, resumed_from_step
   step        one per optimizer step: loss, lr, grad norm, tokens, speed, ETA, peak memory (dpo: rewards,
-              reward accuracy and margin, log-probs)
+              reward accuracy and margin, log-probs; grpo: rl, the rollouts' rewards and timing)
   eval        after an evaluation: eval loss and token accuracy, the best so far
   checkpoint  after a checkpoint is complete on disk
   samples     before/after greedy completions (spec.sample_prompts): at an evaluation (sample_at_eval)
@@ -41,6 +41,34 @@ EXIT_USAGE = 2  # bad command line
 EXIT_STOPPED = 3  # stopped by SIGTERM after the current step and a checkpoint; resumable
 
 
+class GradingConfig(BaseModel):
+    """How a grpo run grades (core.graders), from the worker's settings: python graders in the sandbox
+    (None: off), the judge endpoint of score_model and label_model graders, and the threads grading."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    python_cpu_seconds: int | None = None  # None: python graders are off
+    python_memory_mb: int = 512
+    python_timeout_seconds: float = 30
+    model_base_url: str = ""
+    model_api_key: str = ""
+    model_timeout_seconds: float = 60
+    concurrency: int = 8
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> GradingConfig:
+        """From core.settings.Settings."""
+        return cls(
+            python_cpu_seconds=settings.python_grader_cpu_seconds if settings.python_grader_enabled else None,
+            python_memory_mb=settings.python_grader_memory_mb,
+            python_timeout_seconds=settings.python_grader_timeout_seconds,
+            model_base_url=settings.grader_model_base_url,
+            model_api_key=settings.grader_model_api_key,
+            model_timeout_seconds=settings.grader_model_timeout_seconds,
+            concurrency=settings.grader_concurrency,
+        )
+
+
 class RunConfig(BaseModel):
     """What the worker hands to `python -m training.run run.json`: the spec plus resolved local paths."""
 
@@ -58,6 +86,7 @@ class RunConfig(BaseModel):
     validation_column_mapping: dict[str, str] | None = None
     # spec.init_from's adapter directory (the earlier job's output adapter/), resolved by the worker.
     init_adapter_dir: str | None = None
+    grading: GradingConfig = GradingConfig()  # objective grpo: how its samples are graded
 
 
 class _Record(BaseModel):
@@ -93,6 +122,25 @@ class _PreferenceMetrics(_Record):
     logps_rejected: float | None = None
 
 
+class RLMetrics(_Record):
+    """Objective grpo (training.objectives.grpo): a step's rollouts and their grades (an eval record: the
+    validation prompts' greedy answers). Means over the graded samples; `scores`: each named grader of a
+    multi grader; `errors`: how many samples hit each of OpenAI's grader errors; `timing`: seconds."""
+
+    samples: int
+    reward_mean: float | None = None  # over the samples whose reward is a number
+    reward_std: float | None = None
+    scores: dict[str, float] = Field(default_factory=dict)
+    errors: dict[str, int] = Field(default_factory=dict)
+    completion_tokens_mean: float | None = None
+    truncated_share: float | None = None  # samples cut off by max_completion_tokens
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_region: float | None = None
+    kl: float | None = None  # with beta > 0: the mean k3 KL to the reference
+    timing: dict[str, float] = Field(default_factory=dict)  # sampling, grading, training
+
+
 class StepRecord(_PreferenceMetrics):
     type: Literal["step"] = "step"
     step: int
@@ -111,6 +159,7 @@ class StepRecord(_PreferenceMetrics):
     # sft: share of the step's target tokens whose argmax prediction is the label (all micro-batches and
     # ranks, so the same for every split of the step)
     token_accuracy: float | None = None
+    rl: RLMetrics | None = None  # grpo: rewards, grader errors, timing
 
 
 class EvalRecord(_PreferenceMetrics):
@@ -120,6 +169,7 @@ class EvalRecord(_PreferenceMetrics):
     eval_token_accuracy: float | None = None
     eval_tokens: int | None = None
     best_eval_loss: float | None = None
+    rl: RLMetrics | None = None  # grpo: the validation prompts' rewards (eval_loss is null)
 
 
 class CheckpointRecord(_Record):

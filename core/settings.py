@@ -113,6 +113,18 @@ class Settings(BaseSettings):
     chat_max_total_tokens: int = Field(default=4096, ge=1)
     chat_allow_ignore_eos: bool = False
     inference_generation_seconds: float = Field(default=120, gt=0)
+    # Tenants' python graders (core/graders/sandbox.py): untrusted code, so off unless the operator turns them
+    # on. Per batch of calls (one sandboxed child): CPU seconds, address space in MiB, wall-clock seconds.
+    python_grader_enabled: bool = False
+    python_grader_cpu_seconds: int = Field(default=10, ge=1)
+    python_grader_memory_mb: int = Field(default=512, ge=64)
+    python_grader_timeout_seconds: float = Field(default=30, gt=0)
+    # score_model and label_model graders ask this OpenAI-compatible endpoint (".../v1": ftune's own /v1 with
+    # an API key, vLLM, OpenAI); unset: such graders are refused at submission. Threads grading at once.
+    grader_model_base_url: str = ""
+    grader_model_api_key: str = ""
+    grader_model_timeout_seconds: float = Field(default=60, gt=0)
+    grader_concurrency: int = Field(default=8, ge=1, le=256)
 
     @model_validator(mode="after")
     def _absolute_paths(self) -> Settings:

@@ -14,8 +14,8 @@ worker busy for days or a planner asked about absurd sizes:
 - before/after samples: at most 32 prompts of at most 4000 characters (16 messages), 1-512 new tokens.
 
 Code reads the fields of one idea through its group (core.spec_groups): spec.lora, spec.optim, spec.data,
-spec.batch, spec.preference, spec.samples, spec.placement, typed views that hold the checks across fields
-and the values derived from them (the effective batch, whether a reference policy runs, ...).
+spec.batch, spec.preference, spec.rl, spec.samples, spec.placement, typed views that hold the checks
+across fields and the values derived from them (the effective batch, whether a reference policy runs, ...).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from core.spec_groups import (
     DPO_FIELDS,
+    GRPO_DEFAULTS,
     MAX_SAMPLE_CHARS,
     MAX_SAMPLE_MESSAGES,
     MAX_SAMPLE_PROMPTS,
@@ -36,6 +37,7 @@ from core.spec_groups import (
     AttnImpl,
     BatchArgs,
     DataArgs,
+    ImportanceLevel,
     LoraArgs,
     LossType,
     Method,
@@ -46,9 +48,11 @@ from core.spec_groups import (
     OverLength,
     PlacementArgs,
     PreferenceArgs,
+    RLArgs,
     SampleArgs,
     SampleMessage,
     SamplePrompt,
+    ScaleRewards,
     Scheduler,
     TorchDtype,
 )
@@ -76,6 +80,7 @@ __all__ = [
     "OverLength",
     "PlacementArgs",
     "PreferenceArgs",
+    "RLArgs",
     "SampleArgs",
     "SampleMessage",
     "SamplePrompt",
@@ -125,17 +130,20 @@ class JobSpec(BaseModel):
     # The defaults are PreferenceArgs' (SFT), which the check of dpo-only fields compares with.
     objective: Objective = Field(
         SFT.objective,
-        description="sft: next-token loss on the targets; dpo: preference pairs (a preference dataset).",
+        description="sft: next-token loss on the targets; dpo: preference pairs (a preference dataset); "
+        "grpo: reinforcement fine-tuning on prompts (a reinforcement dataset) scored by `grader`.",
     )
     beta: float = Field(
         SFT.beta,
-        gt=0,
+        ge=0,
         le=100,
-        description="dpo: how far from the reference (sigmoid, simpo), IPO's tau (ipo).",
+        description="dpo: how far from the reference (sigmoid, simpo), IPO's tau (ipo); > 0. grpo: the "
+        "weight of the KL term to the reference (default 0: none).",
     )
     loss_type: LossType = Field(
         SFT.loss_type,
-        description="dpo: sigmoid (the DPO paper), ipo, or simpo (reference-free, length-normalised).",
+        description="dpo: sigmoid (the DPO paper), ipo, or simpo (reference-free, length-normalised). grpo: "
+        "grpo, bnpo, dr_grpo or dapo (the default), as TRL's GRPOTrainer names them.",
     )
     simpo_gamma: float = Field(
         SFT.simpo_gamma, ge=0, le=100, description="simpo: the target reward margin gamma."
@@ -145,6 +153,33 @@ class JobSpec(BaseModel):
         ge=0,
         le=100,
         description="dpo: weight of an added NLL term on the chosen completions (RPO).",
+    )
+    # Reinforcement fine-tuning (README "Reinforcement fine-tuning"): objective grpo's rollouts and clipping.
+    grader: dict[str, Any] | None = Field(
+        None,
+        description="grpo: OpenAI's grader JSON (string_check, text_similarity, python, score_model, multi) "
+        "that scores each sampled completion against its dataset row.",
+    )
+    num_generations: int = Field(
+        4, ge=2, le=64, description="grpo: completions sampled per prompt (a group)."
+    )
+    temperature: float = Field(1.0, gt=0, le=2, description="grpo: the sampling temperature of rollouts.")
+    max_completion_tokens: int = Field(
+        64, ge=1, le=8192, description="grpo: new tokens per sampled completion at most."
+    )
+    epsilon: float = Field(0.2, gt=0, le=1, description="grpo: the ratio's lower clip, 1 - epsilon.")
+    epsilon_high: float | None = Field(
+        None, gt=0, le=10, description="grpo: the ratio's upper clip, 1 + epsilon_high (default epsilon)."
+    )
+    scale_rewards: ScaleRewards = Field(
+        "group",
+        description="grpo: advantages divided by the std of the group's rewards, the batch's, or none.",
+    )
+    importance_sampling_level: ImportanceLevel = Field(
+        "token", description="grpo: importance ratios per token, or per sequence (GSPO)."
+    )
+    eval_samples: int | None = Field(
+        None, ge=1, le=100_000, description="grpo: validation prompts graded at each evaluation (all: null)."
     )
     init_from: str | None = Field(
         None,
@@ -259,11 +294,24 @@ class JobSpec(BaseModel):
     def _sample_prompts(cls, v: Any) -> Any:
         return SampleArgs.check_prompts(v)
 
+    @field_validator("grader")
+    @classmethod
+    def _grader(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The whole grader tree checked now (a bad one is a 4xx naming its field, not a failed job);
+        whether python graders may run is the service's policy, checked at admission."""
+        if v is None:
+            return v
+        from core.graders import parse_grader
+
+        return parse_grader(v, allow_python=True).to_json()
+
     @model_validator(mode="before")
     @classmethod
     def _method_defaults(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("gradient_checkpointing") is None:
             data = {**data, "gradient_checkpointing": PlacementArgs.default_checkpointing(data.get("method"))}
+        if isinstance(data, dict) and data.get("objective") == "grpo":  # grpo's own defaults
+            data = {**{k: v for k, v in GRPO_DEFAULTS.items() if data.get(k) is None}, **data}
         return data
 
     @model_validator(mode="after")
@@ -271,6 +319,7 @@ class JobSpec(BaseModel):
         self.lora.check()
         self.samples.check(has_validation=self.data.has_validation)
         self.preference.check(train_on_inputs=self.train_on_inputs)
+        self.rl.check(defaults=RL_DEFAULTS)
         self.data.check()
         return self
 
@@ -321,8 +370,8 @@ class JobSpec(BaseModel):
             gradient_accumulation_steps=self.gradient_accumulation_steps,
             num_gpus=self.num_gpus,
             max_seq_len=self.max_seq_len,
-            packing=self.packing,
-            sequences_per_example=self.preference.sequences_per_example,
+            packing=self.packing and self.objective != "grpo",  # grpo: a row is a prompt (RLArgs)
+            sequences_per_example=self.sequences_per_example,
         )
 
     @property
@@ -333,6 +382,22 @@ class JobSpec(BaseModel):
             loss_type=self.loss_type,
             simpo_gamma=self.simpo_gamma,
             rpo_alpha=self.rpo_alpha,
+        )
+
+    @property
+    def rl(self) -> RLArgs:
+        return RLArgs(
+            objective=self.objective,
+            grader=self.grader,
+            num_generations=self.num_generations,
+            temperature=self.temperature,
+            max_completion_tokens=self.max_completion_tokens,
+            epsilon=self.epsilon,
+            epsilon_high=self.epsilon_high,
+            scale_rewards=self.scale_rewards,
+            importance_sampling_level=self.importance_sampling_level,
+            eval_samples=self.eval_samples,
+            max_seq_len=self.max_seq_len,
         )
 
     @property
@@ -361,8 +426,10 @@ class JobSpec(BaseModel):
 
     @property
     def sequences_per_example(self) -> int:
-        """A preference pair is two sequences (PreferenceArgs.sequences_per_example)."""
-        return self.preference.sequences_per_example
+        """Sequences an example becomes: a preference pair two, a grpo prompt its group of completions."""
+        if self.objective == "grpo":
+            return self.num_generations
+        return 2 if self.objective == "dpo" else 1
 
     @property
     def has_validation(self) -> bool:
@@ -374,3 +441,11 @@ class JobSpec(BaseModel):
     @property
     def effective_batch_size(self) -> int:
         return self.batch.effective_size
+
+
+# The rl group of a spec with every field at its default: what sft and dpo must leave unchanged.
+RL_DEFAULTS = RLArgs(
+    objective="sft",
+    **{f: JobSpec.model_fields[f].default for f in RLArgs.FIELDS},
+    max_seq_len=JobSpec.model_fields["max_seq_len"].default,
+)

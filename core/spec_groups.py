@@ -8,7 +8,8 @@ TrainArgs and EvalArgs group a training script's arguments:
   spec.optim       OptimArgs: optimizer, learning rate and its schedule, weight decay, gradient clipping
   spec.data        DataArgs: the dataset, what is held out to evaluate on, how examples are rendered
   spec.batch       BatchArgs: what one optimizer step trains (micro-batch, accumulation, ranks, rows)
-  spec.preference  PreferenceArgs: the objective (sft or dpo) and DPO's loss
+  spec.preference  PreferenceArgs: the objective (sft, dpo or grpo), its loss and whether a reference runs
+  spec.rl          RLArgs: reinforcement fine-tuning (grpo): the grader, rollouts, GRPO's clipping
   spec.samples     SampleArgs: before/after sample prompts
   spec.placement   PlacementArgs: devices, precision, attention, activation checkpointing
 
@@ -35,8 +36,14 @@ TorchDtype = Literal["auto", "float32", "bfloat16", "float16"]
 MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
 AttnImpl = Literal["sdpa", "eager", "flash_attention_2"]
 OverLength = Literal["truncate", "drop"]
-Objective = Literal["sft", "dpo"]
-LossType = Literal["sigmoid", "ipo", "simpo"]
+Objective = Literal["sft", "dpo", "grpo"]
+DpoLoss = Literal["sigmoid", "ipo", "simpo"]
+GrpoLoss = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
+LossType = Literal[DpoLoss, GrpoLoss]
+DPO_LOSSES: tuple[str, ...] = ("sigmoid", "ipo", "simpo")
+GRPO_LOSSES: tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo")
+ScaleRewards = Literal["group", "batch", "none"]
+ImportanceLevel = Literal["token", "sequence"]
 TargetModules = list[str] | Literal["all-linear"]
 
 # Before/after samples (training.samples): bounded so sampling stays a small share of a job's time.
@@ -190,10 +197,11 @@ class BatchArgs:
 
 @dataclass(frozen=True)
 class PreferenceArgs:
-    """The objective: sft (next-token loss on the targets), or dpo on preference pairs with DPO's loss
-    (sigmoid, ipo, or the reference-free simpo) and an optional NLL term (rpo_alpha). The defaults are
-    JobSpec's: `PreferenceArgs()` is a plain sft job's view, and DPO's fields may differ from it only
-    with objective dpo."""
+    """The objective and its loss: sft (next-token loss on the targets); dpo on preference pairs with
+    DPO's loss (sigmoid, ipo, or the reference-free simpo) and an optional NLL term (rpo_alpha); grpo
+    (reinforcement fine-tuning, RLArgs) with GRPO's loss types, beta its KL weight. The defaults are
+    JobSpec's: `PreferenceArgs()` is a plain sft job's view; grpo's defaults for beta and loss_type are
+    GRPO_DEFAULTS (JobSpec fills them in when a grpo spec leaves them out)."""
 
     objective: Objective = "sft"
     beta: float = 0.1
@@ -211,29 +219,100 @@ class PreferenceArgs:
 
     @property
     def uses_reference(self) -> bool:
-        """DPO's sigmoid and ipo losses compare with a reference policy; simpo and sft have none."""
+        """Whether a reference policy runs: DPO's sigmoid and ipo losses compare with one; grpo with a KL
+        term (beta > 0) does; simpo, grpo without KL and sft have none."""
+        if self.objective == "grpo":
+            return self.beta > 0
         return self.enabled and self.loss_type != "simpo"
 
-    @property
-    def sequences_per_example(self) -> int:
-        """A preference pair is two sequences (prompt + chosen, prompt + rejected)."""
-        return 2 if self.enabled else 1
-
     def check(self, train_on_inputs: bool) -> None:
-        if not self.enabled:
+        if self.objective == "sft":
             # Only values other than the defaults (a spec read back from JSON has every field set).
             odd = [f for f in self.DPO_FIELDS if getattr(self, f) != getattr(SFT, f)]
+            shared = [f for f in odd if f in ("beta", "loss_type")]
+            if shared:
+                raise ValueError(f"{', '.join(shared)} apply to objectives 'dpo' and 'grpo' only")
             if odd:
                 raise ValueError(f"{', '.join(odd)} apply to objective 'dpo' only")
             return
         if train_on_inputs:
-            raise ValueError("train_on_inputs applies to objective 'sft' only (dpo trains the completions)")
+            raise ValueError(
+                f"train_on_inputs applies to objective 'sft' only ({self.objective} trains the completions)"
+            )
+        if self.objective == "grpo":
+            if self.loss_type not in GRPO_LOSSES:
+                raise ValueError(f"loss_type for objective 'grpo' is one of {', '.join(GRPO_LOSSES)}")
+            odd = [f for f in ("simpo_gamma", "rpo_alpha") if getattr(self, f) != getattr(SFT, f)]
+            if odd:
+                raise ValueError(f"{', '.join(odd)} apply to objective 'dpo' only")
+            return
+        if self.loss_type not in DPO_LOSSES:
+            raise ValueError(f"loss_type for objective 'dpo' is one of {', '.join(DPO_LOSSES)}")
+        if self.beta <= 0:
+            raise ValueError("beta must be greater than 0 for objective 'dpo'")
         if self.simpo_gamma != SFT.simpo_gamma and self.loss_type != "simpo":
             raise ValueError("simpo_gamma applies to loss_type 'simpo' only")
 
 
 SFT = PreferenceArgs()  # the defaults
 DPO_FIELDS = PreferenceArgs.DPO_FIELDS
+# grpo's defaults where they differ from dpo's: TRL 1.16's GRPOConfig (no KL term, DAPO's token-level loss)
+GRPO_DEFAULTS = {"beta": 0.0, "loss_type": "dapo"}
+
+
+@dataclass(frozen=True)
+class RLArgs:
+    """Reinforcement fine-tuning (objective grpo, training.objectives.grpo): each prompt of a step is
+    answered `num_generations` times by the policy being trained (sampled at `temperature`, at most
+    `max_completion_tokens` new tokens), each answer graded (`grader`, OpenAI's grader JSON,
+    core.graders), and the policy moved by GRPO's clipped objective on the group-relative advantages.
+    `eval_samples`: validation prompts graded at each evaluation (None: all of them)."""
+
+    objective: Objective
+    grader: dict[str, Any] | None
+    num_generations: int
+    temperature: float
+    max_completion_tokens: int
+    epsilon: float
+    epsilon_high: float | None
+    scale_rewards: ScaleRewards
+    importance_sampling_level: ImportanceLevel
+    eval_samples: int | None
+    max_seq_len: int
+
+    FIELDS = (
+        "grader", "num_generations", "temperature", "max_completion_tokens", "epsilon", "epsilon_high",
+        "scale_rewards", "importance_sampling_level", "eval_samples",
+    )  # fmt: skip
+
+    @property
+    def enabled(self) -> bool:
+        return self.objective == "grpo"
+
+    @property
+    def epsilon_upper(self) -> float:
+        """The ratio's upper clip is 1 + epsilon_high (DAPO's clip-higher), epsilon when not set."""
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """A prompt plus its completion fit max_seq_len."""
+        return self.max_seq_len - self.max_completion_tokens
+
+    def check(self, defaults: RLArgs) -> None:
+        """`defaults`: the view of a spec with every field at its default (the values sft/dpo must keep)."""
+        if not self.enabled:
+            odd = [f for f in self.FIELDS if getattr(self, f) != getattr(defaults, f)]
+            if odd:
+                raise ValueError(f"{', '.join(odd)} apply to objective 'grpo' only")
+            return
+        if self.grader is None:
+            raise ValueError("objective 'grpo' needs a grader (OpenAI's grader JSON, e.g. string_check)")
+        if self.max_prompt_tokens < 8:
+            raise ValueError(
+                f"max_completion_tokens ({self.max_completion_tokens}) leaves under 8 tokens of "
+                f"max_seq_len ({self.max_seq_len}) for the prompt"
+            )
 
 
 @dataclass(frozen=True)

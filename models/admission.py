@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from core.arch import load_architecture
 from core.catalog import Catalog
-from core.data.examples import kind_of
+from core.data.examples import KIND_OBJECTIVE, kind_of
 from core.errors import Conflict, InvalidInput, NotFound, Unsupported
 from core.planner import BatchShape, Plan
 from core.planner.feasibility import plan_for_fleet, plan_on, require_fits, tokens_per_epoch
@@ -27,6 +27,15 @@ from models import workers as workers_db
 from models.tables import Dataset, Job
 
 log = logging.getLogger(__name__)
+
+
+# What each objective trains, for the message; and the code of a dataset of another kind (stable codes).
+DATASETS_FOR = {
+    "sft": "chat, instruction, prompt_completion or text examples",
+    "dpo": "preference pairs: formats preference, chosen_rejected",
+    "grpo": "prompts: messages ending in a user turn, format reinforcement",
+}
+WRONG_KIND_CODE = {"dpo": "dataset_not_preference", "grpo": "dataset_not_prompts"}
 
 
 def check_dataset(
@@ -59,18 +68,11 @@ def check_dataset(
             param=param,
         )
     kind = kind_of(ds.format)
-    if objective == "sft" and kind == "preference":
+    if objective is not None and kind is not None and KIND_OBJECTIVE[kind] != objective:
         raise InvalidInput(
-            f"dataset {dataset_id!r} holds preference pairs (format {ds.format!r}): train it with "
-            "objective 'dpo', or upload chat, instruction, prompt_completion or text examples for sft",
-            code="dataset_is_preference",
-            param=param,
-        )
-    if objective == "dpo" and kind != "preference":
-        raise InvalidInput(
-            f"objective 'dpo' trains on preference pairs (formats preference, chosen_rejected); dataset "
-            f"{dataset_id!r} holds {ds.format!r} examples: train it with objective 'sft'",
-            code="dataset_not_preference",
+            f"objective {objective!r} does not train dataset {dataset_id!r}: it holds {ds.format!r} rows, "
+            f"which objective {KIND_OBJECTIVE[kind]!r} trains ({DATASETS_FOR[objective]} for {objective!r})",
+            code=WRONG_KIND_CODE.get(objective, f"dataset_is_{kind}"),
             param=param,
         )
     return ds

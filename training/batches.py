@@ -3,7 +3,8 @@
 A step's global batch is a list of rows: a padded row is one example; a packed row is examples
 packed (best-fit decreasing) into at most max_seq_len tokens. With objective dpo an example is a
 preference pair (training.preference), its length both sides' tokens, and a packed row holds
-2 x max_seq_len tokens: a step then counts pairs, and a pair is never split.
+2 x max_seq_len tokens: a step then counts pairs, and a pair is never split. With objective grpo a row
+is one prompt (its completions are sampled during the step, training.objectives.grpo), never packed.
 A step holds micro x accumulation x num_gpus rows, and an epoch's steps are a pure function of (seed,
 epoch, lengths, max_seq_len and that effective batch), never of how the step is split:
 - padded: a seeded permutation is cut into chunks of GROUP_STEPS steps' worth of examples; each chunk
@@ -81,7 +82,7 @@ def _packed_rows(
 def split_step(spec: JobSpec, lengths: Lengths, step: Step) -> list[list[int]]:
     """A step's micro-batches (example indices), over all ranks: micro_batch_size rows each (padded rows
     sorted by length first, so similar lengths share a micro-batch)."""
-    if not spec.packing:
+    if not spec.batch.packing:
         step = sorted(step, key=lambda row: (-lengths[row[0]], row[0]))
     size = spec.micro_batch_size
     return [[i for row in step[j : j + size] for i in row] for j in range(0, len(step), size)]
@@ -99,7 +100,7 @@ def total_steps(spec: JobSpec, lengths: Sequence[int]) -> int:
     may hold fewer rows; packed epochs may differ by a step or so)."""
     if spec.max_steps is not None:
         return spec.max_steps
-    if not spec.packing:
+    if not spec.batch.packing:
         return spec.epochs * math.ceil(len(lengths) / spec.batch.effective_size)
     return sum(len(epoch_steps(spec, lengths, e)) for e in range(spec.epochs))
 
@@ -130,7 +131,7 @@ def largest_micro_batch(
         for micro in split_step(spec, lengths, step):
             rows = len(micro) * per_example
             padded = rows * padded_width(max(widths[i] for i in micro), spec.max_seq_len)
-            tokens = max(tokens, sum(lengths[i] for i in micro) if spec.packing else padded)
+            tokens = max(tokens, sum(lengths[i] for i in micro) if spec.batch.packing else padded)
             scored = max(scored, sum(targets[i] for i in micro))
     return tokens, max(widths), scored
 

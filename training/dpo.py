@@ -208,7 +208,8 @@ def train_step(
         sum(lengths.values()),
         sum(pairs[i].num_targets for i in lengths),
         lr,
-        preference=metrics(values[1:], totals.pairs),
+        fields=(m := metrics(values[1:], totals.pairs)),
+        note=f" reward accuracy {m['rewards_accuracy']:.3f}",
     )
 
 

@@ -37,9 +37,11 @@ def token_losses(
     device: torch.device,
     autocast: Callable[[], AbstractContextManager[object]] = nullcontext,
     fused: bool = True,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 cross-entropy of each scored token of the batch, in target_index order; how many of them the
-    argmax predicts, a device tensor). `fused`: the chunked head where the model allows it."""
+    argmax predicts, a device tensor). `fused`: the chunked head where the model allows it.
+    `temperature`: of logits / temperature (grpo scores its samples at their sampling temperature)."""
     inputs = {
         k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
         for k, v in batch.items()
@@ -51,7 +53,7 @@ def token_losses(
     with autocast(), final_hidden_states(base) as hidden:
         model(**inputs, logits_to_keep=1)
         h = hidden.pop().flatten(0, 1).index_select(0, index)
-        return head_losses(base, h, wanted, fused)
+        return head_losses(base, h, wanted, fused, temperature)
 
 
 @contextmanager
@@ -71,9 +73,10 @@ def final_hidden_states(base: Any) -> Iterator[list[torch.Tensor]]:
 
 
 def head_losses(
-    base: Any, h: torch.Tensor, wanted: torch.Tensor, fused: bool = True
+    base: Any, h: torch.Tensor, wanted: torch.Tensor, fused: bool = True, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The lm_head and cross-entropy on hidden states h [N, hidden] for target tokens `wanted` [N]."""
+    """The lm_head and cross-entropy on hidden states h [N, hidden] for target tokens `wanted` [N], of
+    the logits divided by `temperature`."""
     head = base.get_output_embeddings()
     config = base.config
     scale = getattr(config, "logit_scale", None)
@@ -83,6 +86,7 @@ def head_losses(
         or any(p.requires_grad for p in head.parameters())
         or scale not in (None, 1, 1.0)
         or cap is not None
+        or (temperature != 1.0 and head.bias is not None)  # the fused path scales h, not the bias
     )
     if not fused or plain_only:
         logits = head(h)
@@ -91,12 +95,16 @@ def head_losses(
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         logits = logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
         hits = (logits.argmax(-1) == wanted).sum()
         return F.cross_entropy(logits, wanted, reduction="none"), hits
     # Frozen: under FSDP gathered already once its root has run; a still-sharded one is gathered here (a
     # collective every rank reaches in step).
     weight = distributed.whole(head.weight)
     bias = distributed.whole(head.bias) if head.bias is not None else None
+    if temperature != 1.0:
+        h = h / temperature  # (h / t) @ W.T = logits / t without a bias
     losses, hits = _LinearCrossEntropy.apply(h, weight, bias, wanted, loss_chunk_tokens(weight.shape[0]))
     return losses, hits
 

@@ -170,8 +170,9 @@ def _quiet_stderr() -> Iterator[None]:
 
 
 def batch_shape(spec: JobSpec, items: Sequence[Any]) -> BatchShape | None:
-    """The largest micro-batch this run forms from its training examples (or preference pairs)."""
-    if not items:
+    """The largest micro-batch this run forms from its training examples (or preference pairs); None for
+    grpo, whose sequences are sampled during the step (the plan counts their worst case)."""
+    if not items or spec.rl.enabled:
         return None
     widths = [max(x.chosen.length, x.rejected.length) if hasattr(x, "chosen") else x.length for x in items]
     lengths, targets = [x.length for x in items], [x.num_targets for x in items]

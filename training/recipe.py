@@ -5,9 +5,9 @@ optimizer, the newest checkpoint resumed, metrics writer) and writes the start r
 the loop: a step, its record, evaluation and early stopping, checkpoints, a stop request. finish(state)
 writes the adapter, the merged export if asked, and the done record.
 
-The objective (spec.objective) decides the data and the step: sft trains examples (training.data,
-training.step.train_step), dpo preference pairs (training.preference, training.dpo.train_step) against
-a reference policy that setup's model carries (training.model, training.dpo). The rest is the same.
+The objective (spec.objective; training.objectives: sft, dpo, grpo) decides how the data are read, what
+a step and an evaluation do, and which items give the sample prompts; the recipe calls it and is the
+same for all. A reference policy (dpo, grpo with beta > 0) is carried by setup's model (training.model).
 
 Under torchrun every rank runs all three; rank 0 alone writes files. The collectives (a step,
 evaluation, a checkpoint, the stop vote, the adapter's gather) come on every rank in the same order,
@@ -19,10 +19,9 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -42,21 +41,18 @@ from training import (
     batches,
     checkpoint,
     distributed,
-    dpo,
     evaluate,
     export,
     memory,
     metrics,
     model,
-    preference,
+    objectives,
     samples,
 )
 from training.batches import Step
-from training.data import Tokenized, load_for_training
-from training.preference import Pair
-from training.step import Parts, Position, StepResult, lr_at, make_optimizer, train_step
+from training.step import Parts, Position, StepResult, lr_at, make_optimizer
 
-Example = Tokenized | Pair  # what a step's rows hold: an example (sft) or a preference pair (dpo)
+Example = Any  # what a step's rows index: an example (sft), a preference pair (dpo), a prompt (grpo)
 
 log = logging.getLogger("ftune.training")
 
@@ -71,6 +67,7 @@ class State:
 
     config: RunConfig
     parts: Parts
+    objective: objectives.Objective
     items: list[Example]
     val_items: list[Example]
     pad_id: int
@@ -162,6 +159,7 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
     state = State(
         config=config,
         parts=parts,
+        objective=objectives.build(objectives.Context(config, parts, pad_id(tokenizer), tokenizer)),
         items=items,
         val_items=val_items,
         pad_id=pad_id(tokenizer),
@@ -178,7 +176,7 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
         log.warning("no before/after samples under FSDP (num_gpus > 1): see training.samples")
     elif spec.sample_prompts:
         try:
-            state.prompts = samples.prompts_for(config, tokenizer, val_items)
+            state.prompts = samples.prompts_for(config, tokenizer, val_items or items)
             log.info("%d sample prompts", len(state.prompts))
         except Exception:  # samples are a view of the run: never the reason it fails
             log.warning("no before/after samples: their prompts could not be rendered", exc_info=True)
@@ -205,10 +203,7 @@ def train(state: State) -> bool:
         key = (spec.seed, pos.epoch)  # the epoch's dropout masks
         with state.tracker.step(memory.model_state_tensors(parts.model, parts.optimizer)):
             step = steps[pos.step_in_epoch]
-            if spec.objective == "dpo":  # preference pairs against the reference policy
-                result = dpo.train_step(parts, pairs(state.items), state.pad_id, step, lr=lr, dropout_key=key)
-            else:
-                result = train_step(parts, examples(state.items), state.pad_id, step, lr=lr, dropout_key=key)
+            result = state.objective.train_step(state.items, step, lr=lr, dropout_key=key, step_no=pos.step)
         seconds = time.perf_counter() - start
         epoch_ended = advance(pos, result, seconds, len(steps))
         ran = True
@@ -329,52 +324,28 @@ def record_step(state: State, r: StepResult, seconds: float, steps_in_epoch: int
             peak_mem_bytes=peak,
             peak_reserved_bytes=state.tracker.reserved_bytes,
             token_accuracy=r.token_accuracy,
-            **cast(dict[str, Any], r.preference or {}),  # dpo: rewards, reward accuracy, log-probs
+            **r.fields,  # dpo: rewards, reward accuracy, log-probs; grpo: rl
         )
     )
     reserved = state.tracker.reserved_bytes
     log.info(
         "step %d/%d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s peak %.1f MiB%s eta %ss%s",
         pos.step, state.total_steps, r.loss, r.lr, r.grad_norm, speed or 0, peak / 2**20,
-        f" (reserved {reserved / 2**20:.1f} MiB)" if reserved is not None else "", eta,
-        f" reward accuracy {r.preference['rewards_accuracy']:.3f}" if r.preference else "",
+        f" (reserved {reserved / 2**20:.1f} MiB)" if reserved is not None else "", eta, r.note,
     )  # fmt: skip
 
 
 def run_evaluation(state: State) -> None:
     """Collective under FSDP (the forward gathers the shards): evaluate, track the best, record."""
-    parts, pos = state.parts, state.pos
-    if state.spec.objective == "dpo":
-        on = dpo.evaluate(parts, pairs(state.val_items), state.pad_id, state.spec.micro_batch_size)
-        evaluate.record_eval(pos, on.loss, state.spec.early_stopping_min_delta)
-        metrics_: dict[str, Any] = dict(on.metrics)
-        state.writer.write(
-            EvalRecord(step=pos.step, eval_loss=on.loss, best_eval_loss=pos.best_eval_loss, **metrics_)
-        )
-        log.info("eval at step %d: loss %.4f reward accuracy %.3f", pos.step, on.loss,
-                 on.metrics["rewards_accuracy"])  # fmt: skip
-        if state.spec.sample_at_eval:
-            record_samples(state, "eval")
-        return
-    ev = evaluate.evaluate(
-        parts.model,
-        examples(state.val_items),
-        state.spec.micro_batch_size,
-        state.pad_id,
-        parts.device,
-        parts.autocast,
-    )
-    evaluate.record_eval(pos, ev.loss, state.spec.early_stopping_min_delta)
+    pos = state.pos
+    ev = state.objective.evaluate(state.val_items, pos.step)
+    if ev.loss is not None:  # grpo has no loss to compare: no best, no early stop
+        evaluate.record_eval(pos, ev.loss, state.spec.early_stopping_min_delta)
     state.writer.write(
-        EvalRecord(
-            step=pos.step,
-            eval_loss=ev.loss,
-            eval_token_accuracy=ev.token_accuracy,
-            eval_tokens=ev.target_tokens,
-            best_eval_loss=pos.best_eval_loss,
-        )
+        EvalRecord(step=pos.step, eval_loss=ev.loss, best_eval_loss=pos.best_eval_loss, **ev.fields)
     )
-    log.info("eval at step %d: loss %.4f token accuracy %.3f", pos.step, ev.loss, ev.token_accuracy)
+    shown = "n/a" if ev.loss is None else f"{ev.loss:.4f}"
+    log.info("eval at step %d: loss %s %s", pos.step, shown, ev.note)
     if state.spec.sample_at_eval:
         record_samples(state, "eval")
 
@@ -415,9 +386,7 @@ def load_splits(config: RunConfig, tokenizer: object) -> tuple[list[Example], li
     from training.data import DatasetError
 
     spec = config.spec
-    load: Callable[..., tuple[list[Any], int, dict[str, Any]]] = (
-        preference.load_for_training if spec.objective == "dpo" else load_for_training
-    )
+    load = objectives.objective_class(spec).load
     items, dropped, stats = load(Path(config.dataset_path), tokenizer, spec, config.column_mapping)
     if spec.validation_dataset_id:
         if not config.validation_path:
@@ -427,16 +396,6 @@ def load_splits(config: RunConfig, tokenizer: object) -> tuple[list[Example], li
         return items, val, dropped, stats
     train_items, val = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
     return train_items, val, dropped, stats
-
-
-def pairs(items: list[Example]) -> list[Pair]:
-    """The items of a dpo run (load_splits loaded them as preference pairs)."""
-    return cast(list[Pair], items)
-
-
-def examples(items: list[Example]) -> list[Tokenized]:
-    """The items of an sft run."""
-    return cast(list[Tokenized], items)
 
 
 def seed_everything(seed: int) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from core.data.examples import Example, Message, read_examples, read_preferences
+from core.data.examples import Example, Message, is_conversational, read_examples
 from core.run_protocol import RunConfig, SampleItem
 from core.spec import JobSpec, SampleMessage
 from training.data import (
@@ -63,18 +63,21 @@ class Prompt:
 # Which prompts.
 
 
-def prompts_for(config: RunConfig, tokenizer: Any, val_items: Sequence[Any] = ()) -> list[Prompt]:
-    """The run's sample prompts (see the module doc); [] when spec.sample_prompts is 0."""
+def prompts_for(config: RunConfig, tokenizer: Any, items: Sequence[Any] = ()) -> list[Prompt]:
+    """The run's sample prompts (see the module doc); [] when spec.sample_prompts is 0. The objective
+    (training.objectives) takes a number of them from `items` (dpo, grpo: the validation split, else the
+    training one), or from the dataset file's examples (sft)."""
+    from training.objectives import objective_class
+
     spec = config.spec
     given = spec.sample_prompts
     if isinstance(given, list):
-        chat = data_is_chat(config)
+        chat = is_conversational(Path(config.dataset_path), config.column_mapping)
         return [given_prompt(p, tokenizer, chat, spec.max_seq_len) for p in given]
     if not given:
         return []
-    if spec.objective == "dpo":
-        return pair_prompts(val_items, tokenizer, given)
-    return example_prompts(config, tokenizer, given)
+    from_items = objective_class(spec).sample_prompts(items, given, tokenizer)
+    return from_items if from_items is not None else example_prompts(config, tokenizer, given)
 
 
 def given_prompt(p: str | list[SampleMessage], tokenizer: Any, chat: bool, max_seq_len: int) -> Prompt:
@@ -86,14 +89,6 @@ def given_prompt(p: str | list[SampleMessage], tokenizer: Any, chat: bool, max_s
     messages = [Message(role=m.role, content=m.content) for m in p]
     shown = [{"role": m.role, "content": m.content} for m in p]
     return Prompt(shown, chat_prompt_ids(messages, tokenizer)[-max_seq_len:])
-
-
-def data_is_chat(config: RunConfig) -> bool:
-    """Whether the training file's first example is rendered through the chat template."""
-    path, mapping = Path(config.dataset_path), config.column_mapping
-    if config.spec.objective == "dpo":
-        return next((p.conversational for p in read_preferences(path, mapping)), True)
-    return next((e.format in CHAT_FORMATS for e in read_examples(path, mapping)), True)
 
 
 def example_prompts(config: RunConfig, tokenizer: Any, n: int) -> list[Prompt]:

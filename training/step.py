@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -66,8 +67,11 @@ class StepResult:
     tokens: int  # input tokens (not padding) processed in the step
     target_tokens: int  # tokens the loss is taken on
     lr: float
-    preference: dict[str, float] | None = None  # objective dpo: rewards, accuracy, log-probs (training.dpo)
     token_accuracy: float | None = None  # sft: share of the step's target tokens predicted right (argmax)
+    # What the objective adds to the step record (dpo: rewards, accuracy, log-probs; grpo: rl) and to the
+    # step's log line.
+    fields: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
 
 
 def make_optimizer(spec: JobSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:

@@ -24,7 +24,6 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +41,14 @@ def compute(
     model_dir: Path, dataset: Path, column_mapping: dict[str, str] | None, spec: Any
 ) -> dict[str, Any]:
     """The statistics of `dataset` for `spec` (a core.spec.JobSpec) against model_dir's tokenizer."""
-    from training import batches, data, evaluate, preference
+    from training import batches, evaluate
     from training.memory import batch_shape
+    from training.objectives import objective_class
 
     tokenizer = _tokenizer(model_dir)
-    # objective dpo: pairs (training.preference), whose statistics add prompt and completion lengths
-    # and the pairs truncated; count, p50, ... describe a pair's longer side (what max_seq_len bounds)
-    load: Callable[..., tuple[list[Any], int, dict[str, Any]]] = (
-        preference.load_for_training if spec.objective == "dpo" else data.load_for_training
-    )
+    # dpo's pairs add prompt and completion lengths and the pairs truncated (training.preference); count,
+    # p50, ... describe a pair's longer side (what max_seq_len bounds); grpo's: its prompts
+    load = objective_class(spec).load
     items, dropped, stats = load(dataset, tokenizer, spec, column_mapping)
     # The steps training makes: of the training split (as training.recipe.load_splits makes it).
     train, _ = evaluate.split_validation(items, spec.validation_fraction, spec.seed)

@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.catalog import Catalog
-from core.run_protocol import RunConfig
+from core.run_protocol import GradingConfig, RunConfig
 from core.spec import JobSpec
 from core.storage import Storage, atomic_write_text
 from models import datasets as datasets_db
@@ -21,9 +21,15 @@ from models.db import session_scope
 
 
 def write_run_config(
-    sessions: sessionmaker[Session], *, storage: Storage, catalog: Catalog, job_id: str
+    sessions: sessionmaker[Session],
+    *,
+    storage: Storage,
+    catalog: Catalog,
+    job_id: str,
+    grading: GradingConfig | None = None,
 ) -> Path:
-    """Write the job's run.json (and clear an earlier attempt's error file); returns its path."""
+    """Write the job's run.json (and clear an earlier attempt's error file); returns its path. `grading`:
+    how a grpo run grades (the worker's settings; run.json is the worker's own, mode 0600)."""
     with session_scope(sessions) as s:
         job = jobs_db.get_job(s, job_id)
         assert job is not None
@@ -45,6 +51,7 @@ def write_run_config(
         validation_column_mapping=val_mapping,
         # spec.init_from: the earlier job's adapter (admission checked its tenant, status and base)
         init_adapter_dir=str(init_dir) if init_dir else None,
+        grading=grading or GradingConfig(),
     )
     path = storage.run_config_path(job_id)
     atomic_write_text(path, config.model_dump_json(indent=2))

@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.catalog import Catalog
+from core.run_protocol import GradingConfig
 from core.settings import Settings
 from core.states import JobStatus
 from core.storage import Storage
@@ -87,7 +88,11 @@ class JobRunner:
         set_current_job(self.sessions, self.me, job_id)
         try:
             run_json = write_run_config(
-                self.sessions, storage=self.storage, catalog=self.catalog, job_id=job_id
+                self.sessions,
+                storage=self.storage,
+                catalog=self.catalog,
+                job_id=job_id,
+                grading=GradingConfig.from_settings(self.settings),
             )
             return self._attempt(job_id, attempt, run_json)
         except Exception as e:

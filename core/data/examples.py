@@ -11,6 +11,9 @@ assistant replies, the chosen and the rejected one (see `to_preference`):
 - chosen_rejected: TRL's {"prompt"?, "chosen", "rejected"}, each a string (raw text, like
   prompt_completion) or a list of messages (chat template); without "prompt" the prompt is the longest
   common prefix of chosen and rejected (TRL's implicit prompt).
+The reinforcement format (kind "reinforcement", for objective grpo) is OpenAI's RFT row: `messages` ending
+in a user turn (the prompt the policy answers), and any other keys, which graders read as `item.*`; it
+becomes a PromptExample (see `to_prompt`).
 Validation (core/data/validate.py) runs at upload; this module only converts lines that already passed it.
 """
 
@@ -24,8 +27,11 @@ from typing import Any, Literal
 
 from core.errors import InvalidInput
 
-Format = Literal["chat", "instruction", "prompt_completion", "text", "preference", "chosen_rejected"]
-Kind = Literal["sft", "preference"]  # what a dataset trains: objective sft, or objective dpo
+Format = Literal[
+    "chat", "instruction", "prompt_completion", "text", "preference", "chosen_rejected", "reinforcement"
+]
+# what a dataset trains: objective sft, dpo (preference pairs) or grpo (reinforcement prompts)
+Kind = Literal["sft", "preference", "reinforcement"]
 Role = Literal["system", "user", "assistant"]
 PREFERENCE_FORMATS: tuple[Format, ...] = ("preference", "chosen_rejected")
 
@@ -34,7 +40,13 @@ def kind_of(fmt: str | None) -> Kind | None:
     """The kind of a dataset of this format (None for a file without one)."""
     if fmt is None:
         return None
+    if fmt == "reinforcement":
+        return "reinforcement"
     return "preference" if fmt in PREFERENCE_FORMATS else "sft"
+
+
+# The objective that trains each kind of dataset.
+KIND_OBJECTIVE = {"sft": "sft", "preference": "dpo", "reinforcement": "grpo"}
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,15 @@ class PreferenceExample:
     chosen: Message
     rejected: Message
     tools: tuple[Any, ...] | None = None  # OpenAI's input.tools, handed to the chat template
+
+
+@dataclass(frozen=True)
+class PromptExample:
+    """A reinforcement row: the prompt the policy answers (messages ending in a user turn) and the whole
+    row, which graders read as `item` (OpenAI's RFT passes every key, messages included)."""
+
+    prompt: tuple[Message, ...]
+    item: dict[str, Any]
 
 
 # Every top-level key a format reads; a column mapping may only rename into these.
@@ -111,7 +132,7 @@ def detect_format(obj: dict[str, Any]) -> Format | None:
     if "chosen" in obj and "rejected" in obj:
         return "chosen_rejected"
     if "messages" in obj:
-        return "chat"
+        return "reinforcement" if _ends_with_user(obj["messages"]) else "chat"
     if "instruction" in obj and "output" in obj:
         return "instruction"
     if "prompt" in obj and "completion" in obj:
@@ -119,6 +140,20 @@ def detect_format(obj: dict[str, Any]) -> Format | None:
     if "text" in obj:
         return "text"
     return None
+
+
+def _ends_with_user(messages: Any) -> bool:
+    """A conversation that ends in a user turn is a prompt to answer (reinforcement), not an example."""
+    return (
+        type(messages) is list
+        and bool(messages)
+        and type(messages[-1]) is dict
+        and (messages[-1].get("role") == "user")
+    )
+
+
+def to_prompt(obj: dict[str, Any]) -> PromptExample:
+    return PromptExample(tuple(_message(m) for m in obj["messages"]), obj)
 
 
 def to_example(obj: dict[str, Any], fmt: Format) -> Example:
@@ -201,14 +236,24 @@ def _lines(path: Path, column_mapping: dict[str, str] | None) -> Iterator[tuple[
             yield obj, fmt
 
 
+def is_conversational(path: Path, column_mapping: dict[str, str] | None = None) -> bool:
+    """Whether the file's first row is rendered through the chat template (True for an empty file)."""
+    for obj, fmt in _lines(path, column_mapping):
+        if fmt == "chosen_rejected":
+            return to_preference(obj, fmt).conversational
+        return fmt in ("chat", "instruction", "preference", "reinforcement")
+    return True
+
+
 def read_examples(path: Path, column_mapping: dict[str, str] | None = None) -> Iterator[Example]:
     """Yield the examples of a validated JSONL dataset file, in file order (blank lines skipped).
 
     Pass the same column_mapping the file was validated with.
     """
     for obj, fmt in _lines(path, column_mapping):
-        if fmt in PREFERENCE_FORMATS:
-            raise ValueError("this is a preference dataset: it trains with objective 'dpo'")
+        if kind_of(fmt) != "sft":
+            objective = KIND_OBJECTIVE[kind_of(fmt) or "sft"]
+            raise ValueError(f"this is a {fmt} dataset: it trains with objective {objective!r}")
         yield to_example(obj, fmt)
 
 
@@ -216,5 +261,19 @@ def read_preferences(path: Path, column_mapping: dict[str, str] | None = None) -
     """Yield the pairs of a validated preference dataset file, in file order."""
     for obj, fmt in _lines(path, column_mapping):
         if fmt not in PREFERENCE_FORMATS:
-            raise ValueError(f"a {fmt!r} dataset has no preference pairs: it trains with objective 'sft'")
+            objective = KIND_OBJECTIVE[kind_of(fmt) or "sft"]
+            raise ValueError(
+                f"a {fmt!r} dataset has no preference pairs: it trains with objective {objective!r}"
+            )
         yield to_preference(obj, fmt)
+
+
+def read_prompts(path: Path, column_mapping: dict[str, str] | None = None) -> Iterator[PromptExample]:
+    """Yield the prompts of a validated reinforcement dataset file, in file order."""
+    for obj, fmt in _lines(path, column_mapping):
+        if fmt != "reinforcement":
+            objective = KIND_OBJECTIVE[kind_of(fmt) or "sft"]
+            raise ValueError(
+                f"a {fmt!r} dataset has no prompts to answer: it trains with objective {objective!r}"
+            )
+        yield to_prompt(obj)

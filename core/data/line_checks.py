@@ -67,6 +67,7 @@ def unknown_format_message(obj: dict[str, Any], reverse: dict[str, str]) -> str:
     keys = ", ".join(show(k) for k in list(obj)[:10]) + (", ..." if len(obj) > 10 else "")
     expected = [
         ("chat", "messages"),
+        ("reinforcement", "messages ending in a user turn (+ any keys graders read)"),
         ("instruction", "instruction + output"),
         ("prompt_completion", "prompt + completion"),
         ("text", "text"),
@@ -124,8 +125,9 @@ def check_flat(obj: dict[str, Any], fmt: Format, strict: bool) -> Checked:
     return Checked(sum(map(len, values)), 1 if fmt == "text" else 2, (fmt, *values), has_input)
 
 
-def check_chat(obj: dict[str, Any], strict: bool) -> Checked:
-    """Check a chat line; flag: it starts with a system message."""
+def check_chat(obj: dict[str, Any], strict: bool, prompt: bool = False) -> Checked:
+    """Check a chat line; flag: it starts with a system message. `prompt`: a reinforcement line, whose
+    messages end in a user turn and need no assistant turn (its other keys are the graders' `item`)."""
     messages = obj["messages"]
     if type(messages) is not list:
         raise LineProblem("wrong_type", f"must be an array; got {json_type(messages)}", "messages")
@@ -147,6 +149,8 @@ def check_chat(obj: dict[str, Any], strict: bool) -> Checked:
         chars += len(content)
         assistant = assistant or role == "assistant"
         canon.append((role, content, weight))
+    if prompt:
+        return Checked(chars, len(messages), tuple(canon), system_first)
     if not assistant:
         raise LineProblem(
             "no_assistant_turn", "has no assistant message; at least one is required", "messages"

@@ -168,7 +168,7 @@ class ExampleStats:
             return out
         out["percentiles_exact"] = self.count <= RESERVOIR_SIZE
         out["chars_per_example"] = self._dist(self._chars, self.chars_min, self.chars_sum, self.chars_max)
-        if fmt == "chat":
+        if fmt in ("chat", "reinforcement"):
             out["messages_per_example"] = self._dist(self._msgs, self.msgs_min, self.msgs_sum, self.msgs_max)
             out["with_system_message"] = self.flagged
         if fmt == "instruction":

@@ -8,7 +8,8 @@ hash per example, 8 bytes in a flat array, spilled to `spill_dir` past 4M of the
 
 Formats (see core/data/examples.py): chat, instruction, prompt_completion, text (kind "sft"), and the
 preference pairs preference (OpenAI's) and chosen_rejected (TRL's) (kind "preference", for objective
-dpo). The file's format is the format of its first line that has one; a line in another format is a
+dpo), and reinforcement (OpenAI's RFT rows: messages ending in a user turn; kind "reinforcement", for
+objective grpo). The file's format is the format of its first line that has one; a line in another format is a
 `mixed_formats` problem. The report's `kind` says which objective the file trains.
 
 Problem codes (stable; every problem has a 1-based line number, blank lines count):
@@ -52,6 +53,7 @@ from core.settings import Settings
 BOM = b"\xef\xbb\xbf"
 REQUIRED: dict[str, tuple[str, ...]] = {
     "chat": ("messages",),
+    "reinforcement": ("messages",),
     "instruction": ("instruction", "output"),
     "prompt_completion": ("prompt", "completion"),
     "text": ("text",),
@@ -258,12 +260,14 @@ class DatasetValidator:
         if self._mapping:
             obj = apply_column_mapping(obj, self._mapping)
         fmt = detect_format(obj)
+        if fmt == "reinforcement" and self._format == "chat":
+            fmt = "chat"  # in a chat file a line ending in a user turn lacks its reply: no_assistant_turn
         if fmt is None or fmt != self._format:  # the common case, a line like the others, skips this
             fmt = self._line_format(obj, fmt)
         # Lone surrogate escapes (\ud800) decode to str that cannot be encoded; look only if one may be there.
         strict = b"\\ud" in raw or b"\\uD" in raw
-        if fmt == "chat":
-            checked = check_chat(obj, strict)
+        if fmt in ("chat", "reinforcement"):
+            checked = check_chat(obj, strict, prompt=fmt == "reinforcement")
         elif fmt in PREFERENCE_FORMATS:
             checked = check_preference(obj, fmt, strict)
         else:

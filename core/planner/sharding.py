@@ -23,4 +23,9 @@ def fsdp_problem(spec: JobSpec) -> tuple[str, str] | None:
         )
     if spec.mixed_precision == "fp16":
         return "mixed_precision", "fp16 loss scaling is not supported under FSDP (num_gpus > 1); use bf16"
+    if spec.objective == "grpo":
+        return "num_gpus", (
+            "objective 'grpo' runs on one GPU: its rollouts are not sharded yet (num_gpus 1; a larger "
+            "micro_batch_size or num_generations uses the one GPU more)"
+        )
     return None

@@ -199,7 +199,7 @@ def test_dpo_fields() -> None:
     assert spec(objective="dpo").uses_reference and not spec().uses_reference
     assert JobSpec.model_validate_json(s.model_dump_json()) == s  # read back, every field set
     for bad, words in [
-        ({"beta": 0.3}, "apply to objective 'dpo' only"),
+        ({"beta": 0.3}, "apply to objectives 'dpo' and 'grpo' only"),
         ({"rpo_alpha": 1.0}, "apply to objective 'dpo' only"),
         ({"objective": "dpo", "train_on_inputs": True}, "train_on_inputs"),
         ({"objective": "dpo", "simpo_gamma": 2.0}, "simpo_gamma applies to loss_type 'simpo'"),

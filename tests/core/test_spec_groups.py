@@ -97,7 +97,7 @@ def test_the_first_problem_across_groups_is_reported() -> None:
     del everything["init_from_step"]
     assert first_error(**everything) == ((), "sample_at_eval needs sample_prompts")
     del everything["sample_at_eval"]
-    assert first_error(**everything) == ((), "beta apply to objective 'dpo' only")
+    assert first_error(**everything) == ((), "beta apply to objectives 'dpo' and 'grpo' only")
     del everything["beta"]
     assert first_error(**everything) == (
         (),

@@ -1,0 +1,26 @@
+"""The grading context of a grpo run (core.graders.GradeContext) from its run.json's GradingConfig."""
+
+from __future__ import annotations
+
+from core.graders import GradeContext, openai_compatible_chat
+from core.graders.sandbox import SandboxLimits, SandboxRunner
+from core.run_protocol import RunConfig
+
+
+def grade_context(config: RunConfig) -> GradeContext:
+    """Python graders in the sandbox when the operator enabled them; score_model and label_model graders
+    through the configured OpenAI-compatible endpoint when there is one (else they count a
+    model_grader_server_error, which admission prevents by refusing such a job)."""
+    g = config.grading
+    python = None
+    if g.python_cpu_seconds is not None:
+        limits = SandboxLimits(
+            cpu_seconds=g.python_cpu_seconds,
+            memory_bytes=g.python_memory_mb * 2**20,
+            wall_seconds=g.python_timeout_seconds,
+        )
+        python = SandboxRunner(limits)
+    chat = None
+    if g.model_base_url:
+        chat = openai_compatible_chat(g.model_base_url, g.model_api_key or None, g.model_timeout_seconds)
+    return GradeContext(chat=chat, python=python)
