@@ -82,13 +82,12 @@ def pull(
     revision: str | None = None,
     force: bool = False,
     say: Progress | None = None,
-    tqdm_class: Any = None,
 ) -> PulledModel:
     """Download `repo_id` at `revision` (default: main) into models_dir/<repo_id> and return it.
 
     Raises FtuneError subclasses only, each with a message for people: unsupported architectures, custom
     code, no safetensors, an unreachable Hub (with the settings to change), a repo or revision not found.
-    `tqdm_class` replaces huggingface_hub's progress bars (the API reports bytes through one)."""
+    `say` gets a line per step and per file; huggingface_hub draws its byte progress bars on a terminal."""
     say = say or (lambda _msg: None)
     if not MODEL_NAME_RE.match(repo_id) or ".." in repo_id:
         raise InvalidInput(f"not a Hub model id: {repo_id!r} (expected org/name)", param="repo_id")
@@ -104,7 +103,7 @@ def pull(
     staging_root.mkdir(parents=True, exist_ok=True)
     with _lock(staging_root / (repo_id.replace("/", "--") + ".lock"), repo_id):
         try:
-            return _pull(repo_id, models_dir, target, revision, force, endpoint, say, tqdm_class)
+            return _pull(repo_id, models_dir, target, revision, force, endpoint, say)
         except FtuneError:
             raise
         except Exception as exc:
@@ -119,7 +118,6 @@ def _pull(
     force: bool,
     endpoint: str,
     say: Progress,
-    tqdm_class: Any,
 ) -> PulledModel:
     from huggingface_hub import HfApi, hf_hub_download
 
@@ -155,7 +153,6 @@ def _pull(
                 revision=sha,
                 local_dir=staging,
                 endpoint=endpoint,
-                tqdm_class=tqdm_class,
             )
         )
 

@@ -29,6 +29,7 @@ class Repo:
 class HubDouble:
     repos: dict[str, Repo] = field(default_factory=dict)
     requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path)
+    authorizations: list[str | None] = field(default_factory=list)  # each request's Authorization header
     # A GET of this file sends half of it and hangs up; later requests for it get 503 until it is cleared.
     break_file: str | None = None
     _broken: bool = False
@@ -73,6 +74,7 @@ def _handler(hub: HubDouble) -> type[BaseHTTPRequestHandler]:
         def _serve(self, body: bool) -> None:
             path = unquote(urlsplit(self.path).path)
             hub.requests.append((self.command, path))
+            hub.authorizations.append(self.headers.get("Authorization"))
             if m := _INFO.match(path):
                 return self._info(m["repo"], m["rev"] or "main")
             if m := _RESOLVE.match(path):

@@ -93,9 +93,7 @@ def test_pull_registers_a_model_that_lists_and_loads(hub: HubDouble, tmp_path: P
     record = json.loads((model.path / PULL_RECORD).read_text())
     assert record["commit_sha"] == main_sha and record["revision"] == "main"
     assert sum(f.endswith(".safetensors") for f in record["files"]) > 1  # the shards, via the index
-    assert not (tmp_path / STAGING_DIR / "acme--tiny").exists() or not any(
-        (tmp_path / STAGING_DIR / "acme--tiny").iterdir()
-    )
+    assert not (tmp_path / STAGING_DIR / "acme--tiny").exists()
 
     fetched = {path.rsplit("/", 1)[-1] for _, path in hub.requested(r"/resolve/")}
     assert not [f for f in fetched if f.endswith((".bin", ".pth"))]
@@ -108,8 +106,10 @@ def test_pull_registers_a_model_that_lists_and_loads(hub: HubDouble, tmp_path: P
     assert AutoTokenizer.from_pretrained(model.path, local_files_only=True).chat_template
 
 
-def test_revision_pins_that_commit(hub: HubDouble, tmp_path: Path) -> None:
+def test_revision_pins_that_commit(hub: HubDouble, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_private")
     pulled = pull("acme/tiny", tmp_path, revision="v1")
+    assert set(hub.authorizations) == {"Bearer hf_private"}  # HF_TOKEN, read when the pull starts
     v1 = hub.resolve("acme/tiny", "v1")
     assert pulled.commit_sha == v1
     assert json.loads((pulled.path / "config.json").read_text())["ftune_test_revision"] == "v1"
