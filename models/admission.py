@@ -38,6 +38,33 @@ DATASETS_FOR = {
 WRONG_KIND_CODE = {"dpo": "dataset_not_preference", "grpo": "dataset_not_prompts"}
 
 
+def check_grader_policy(spec: JobSpec, settings: Any) -> None:
+    """What this server grades with (core.settings.Settings): python graders only where the operator
+    enabled the sandbox (400 python_grader_disabled, naming the grader's field); score_model and
+    label_model graders only with a judge endpoint configured (400 grader_model_not_configured)."""
+    if spec.grader is None:
+        return
+    from core.graders import parse_grader
+
+    parse_grader(spec.grader, allow_python=settings.python_grader_enabled)
+    judged = _grader_types(spec.grader) & {"score_model", "label_model"}
+    if judged and not settings.grader_model_base_url:
+        raise InvalidInput(
+            f"a {sorted(judged)[0]} grader needs a judge model endpoint, and this server has none "
+            "configured (the operator sets FTUNE_GRADER_MODEL_BASE_URL)",
+            code="grader_model_not_configured",
+            param="grader",
+        )
+
+
+def _grader_types(grader: dict[str, Any]) -> set[str]:
+    """The types in a (parsed, normalised) grader tree: multi's graders are a named map."""
+    types = {str(grader.get("type"))}
+    for sub in (grader.get("graders") or {}).values() if isinstance(grader.get("graders"), dict) else ():
+        types |= _grader_types(sub)
+    return types
+
+
 def check_dataset(
     session: Session,
     *,

@@ -22,7 +22,7 @@ from core.spec import JobSpec
 from core.storage import Storage, atomic_write_text, new_id
 from models import jobs as jobs_db
 from models import tenants as tenants_db
-from models.admission import admit, recheck_references
+from models.admission import admit, check_grader_policy, recheck_references
 from models.db import session_scope
 from models.tables import Job
 from models.tenants import TenantGate
@@ -62,6 +62,7 @@ def submit_job(
     Three transactions, none held while the data is measured: the tenant's job slot is reserved (so
     concurrent creates cannot all pass the quota), the job is admitted (reads, and perhaps a measurement),
     then the slot becomes the Job row, its references checked again under the tenant's lock."""
+    check_grader_policy(spec, settings)
     job_id = new_id()
     limit = settings.max_active_jobs_per_tenant
     ttl = slot_ttl_seconds(settings)

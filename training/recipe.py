@@ -176,7 +176,9 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
         log.warning("no before/after samples under FSDP (num_gpus > 1): see training.samples")
     elif spec.sample_prompts:
         try:
-            state.prompts = samples.prompts_for(config, tokenizer, val_items or items)
+            state.prompts = samples.prompts_for(
+                config, tokenizer, val_items or items, objectives.objective_class(spec).sample_prompts
+            )
             log.info("%d sample prompts", len(state.prompts))
         except Exception:  # samples are a view of the run: never the reason it fails
             log.warning("no before/after samples: their prompts could not be rendered", exc_info=True)

@@ -63,12 +63,15 @@ class Prompt:
 # Which prompts.
 
 
-def prompts_for(config: RunConfig, tokenizer: Any, items: Sequence[Any] = ()) -> list[Prompt]:
-    """The run's sample prompts (see the module doc); [] when spec.sample_prompts is 0. The objective
-    (training.objectives) takes a number of them from `items` (dpo, grpo: the validation split, else the
-    training one), or from the dataset file's examples (sft)."""
-    from training.objectives import objective_class
-
+def prompts_for(
+    config: RunConfig,
+    tokenizer: Any,
+    items: Sequence[Any] = (),
+    take: Callable[[Sequence[Any], int, Any], list[Prompt] | None] | None = None,
+) -> list[Prompt]:
+    """The run's sample prompts (see the module doc); [] when spec.sample_prompts is 0. `take`: the
+    objective's sample_prompts (training.objectives), which takes a number of them from `items` (dpo,
+    grpo: the validation split, else the training one) or gives None: from the dataset file's examples."""
     spec = config.spec
     given = spec.sample_prompts
     if isinstance(given, list):
@@ -76,7 +79,7 @@ def prompts_for(config: RunConfig, tokenizer: Any, items: Sequence[Any] = ()) ->
         return [given_prompt(p, tokenizer, chat, spec.max_seq_len) for p in given]
     if not given:
         return []
-    from_items = objective_class(spec).sample_prompts(items, given, tokenizer)
+    from_items = take(items, given, tokenizer) if take else None
     return from_items if from_items is not None else example_prompts(config, tokenizer, given)
 
 

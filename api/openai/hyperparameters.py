@@ -10,6 +10,14 @@ What `"auto"` picks, and what each number means:
   the effective batch (see models/auto_batch.py).
 ftune's own settings ride along as extra body fields under their JobSpec names; what JobSpec calls
 `method` is `adapter` here. A setting given twice (`n_epochs` and `epochs`) is refused, naming it.
+
+`method.type` "reinforcement" (objective grpo; README "Reinforcement fine-tuning"): `grader` is JobSpec's
+`grader`; `batch_size` counts prompts per step; `eval_interval` is eval_every_steps (auto: at each epoch
+end and at the end); `eval_samples` the validation prompts graded per evaluation (auto: all);
+`compute_multiplier` scales the completions sampled per prompt, num_generations = round(4 x it), 2..64
+(auto: 1, four); `reasoning_effort` is accepted and echoed but has no effect: no base model ftune trains
+reasons with a budget; `response_format` (json_schema) is echoed, and a sample's output_json is its text
+parsed as JSON whatever it says: sampling is not constrained to the schema.
 """
 
 from __future__ import annotations
@@ -58,6 +66,20 @@ class DpoHyperparameters(Hyperparameters):
     beta: Annotated[float, Field(gt=0, le=100)] | Auto = "auto"
 
 
+class ReinforcementHyperparameters(Hyperparameters):
+    eval_interval: Annotated[int, Field(ge=1, le=1_000_000)] | Auto = "auto"
+    eval_samples: Annotated[int, Field(ge=1, le=100_000)] | Auto = "auto"
+    compute_multiplier: Annotated[float, Field(gt=0, le=16)] | Auto = "auto"
+    reasoning_effort: Literal["auto", "default", "low", "medium", "high"] = "auto"
+
+
+class Reinforcement(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    grader: dict[str, Any]
+    hyperparameters: ReinforcementHyperparameters = ReinforcementHyperparameters()
+    response_format: dict[str, Any] | None = None
+
+
 class Supervised(BaseModel):
     model_config = ConfigDict(extra="forbid")
     hyperparameters: Hyperparameters = Hyperparameters()
@@ -73,7 +95,7 @@ class Method(BaseModel):
     type: Literal["supervised", "dpo", "reinforcement"]
     supervised: Supervised | None = None
     dpo: Dpo | None = None
-    reinforcement: dict[str, Any] | None = None
+    reinforcement: Reinforcement | None = None
 
     @model_validator(mode="after")
     def _matching_type(self) -> Method:
@@ -81,6 +103,8 @@ class Method(BaseModel):
         given = [name for name in sorted(other) if getattr(self, name) is not None]
         if given:
             raise ValueError(f"method.{given[0]} is set but method.type is {self.type!r}")
+        if self.type == "reinforcement" and self.reinforcement is None:
+            raise ValueError("method.type 'reinforcement' needs method.reinforcement with its grader")
         return self
 
 
@@ -112,10 +136,15 @@ class Mapped:
 
     fields: dict[str, Any]
     batch_size: int | Auto | None  # None: set by micro_batch_size / gradient_accumulation_steps fields
-    method_type: Literal["supervised", "dpo"]
+    method_type: MethodType
+    echo: dict[str, Any] | None = None  # reinforcement: what the job object echoes beyond the spec
 
 
-def _hyperparameters(req: CreateJobRequest) -> tuple[Hyperparameters, Literal["supervised", "dpo"]]:
+MethodType = Literal["supervised", "dpo", "reinforcement"]
+DEFAULT_GENERATIONS: int = JobSpec.model_fields["num_generations"].default
+
+
+def _hyperparameters(req: CreateJobRequest) -> tuple[Hyperparameters, MethodType]:
     if req.method is not None and req.hyperparameters is not None:
         raise InvalidInput(
             "hyperparameters given twice: set them in method only (the top-level field is deprecated)",
@@ -125,10 +154,8 @@ def _hyperparameters(req: CreateJobRequest) -> tuple[Hyperparameters, Literal["s
     if req.method is None:
         return req.hyperparameters or Hyperparameters(), "supervised"
     if req.method.type == "reinforcement":
-        raise Unsupported(
-            "method.type 'reinforcement' is not supported by ftune: it trains supervised LoRA/QLoRA adapters",
-            param="method.type",
-        )
+        assert req.method.reinforcement is not None  # Method's check
+        return req.method.reinforcement.hyperparameters, "reinforcement"
     if req.method.type == "dpo":
         return (req.method.dpo or Dpo()).hyperparameters, "dpo"
     return (req.method.supervised or Supervised()).hyperparameters, "supervised"
@@ -146,6 +173,22 @@ def _dpo_fields(hp: Hyperparameters) -> dict[str, Any]:
     if beta != "auto":
         fields["beta"] = beta
     return fields
+
+
+def _reinforcement_fields(req: CreateJobRequest) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(JobSpec's grpo fields, what the job object echoes that the spec does not hold)."""
+    rf = req.method.reinforcement if req.method else None
+    assert rf is not None
+    hp = rf.hyperparameters
+    fields: dict[str, Any] = {"objective": "grpo", "grader": rf.grader}
+    if hp.eval_interval != "auto":
+        fields["eval_every_steps"] = hp.eval_interval
+    if hp.eval_samples != "auto":
+        fields["eval_samples"] = hp.eval_samples
+    if hp.compute_multiplier != "auto":
+        fields["num_generations"] = min(64, max(2, round(DEFAULT_GENERATIONS * hp.compute_multiplier)))
+    echo = {"reasoning_effort": hp.reasoning_effort, "response_format": rf.response_format}
+    return fields, echo
 
 
 def map_request(req: CreateJobRequest, base_model: str, init_from: str | None) -> Mapped:
@@ -189,10 +232,14 @@ def map_request(req: CreateJobRequest, base_model: str, init_from: str | None) -
         fields["epochs"] = hp.n_epochs
     if hp.learning_rate_multiplier != "auto":
         fields["learning_rate"] = hp.learning_rate_multiplier * DEFAULT_LR
+    echo = None
     if method_type == "dpo":
         fields |= _dpo_fields(hp)
+    if method_type == "reinforcement":
+        grpo, echo = _reinforcement_fields(req)
+        fields |= grpo
     split_given = "micro_batch_size" in extra or "gradient_accumulation_steps" in extra
-    return Mapped(fields, None if split_given else hp.batch_size, method_type)
+    return Mapped(fields, None if split_given else hp.batch_size, method_type, echo)
 
 
 def build_spec(fields: dict[str, Any]) -> JobSpec:
@@ -222,8 +269,9 @@ def per_gpu_batch(batch_size: int | Auto, num_gpus: int) -> int:
     return batch_size // num_gpus
 
 
-def resolved(spec: JobSpec, method_type: str) -> dict[str, Any]:
-    """The job object's `hyperparameters` and `method` for a spec: numbers, no "auto" left."""
+def resolved(spec: JobSpec, method_type: str, echo: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The job object's `hyperparameters` and `method` for a spec: numbers, no "auto" left. `echo`: a
+    reinforcement job's reasoning_effort and response_format, as asked (Mapped.echo)."""
     hp: dict[str, Any] = {
         "n_epochs": spec.epochs,
         "batch_size": spec.effective_batch_size,
@@ -231,4 +279,14 @@ def resolved(spec: JobSpec, method_type: str) -> dict[str, Any]:
     }
     if method_type == "dpo":
         hp["beta"] = getattr(spec, "beta", None)
-    return {"hyperparameters": hp, "method": {"type": method_type, method_type: {"hyperparameters": hp}}}
+    block: dict[str, Any] = {"hyperparameters": hp}
+    if method_type == "reinforcement":
+        echo = echo or {}
+        hp |= {
+            "eval_interval": spec.eval_every_steps or "auto",
+            "eval_samples": spec.eval_samples or "auto",
+            "compute_multiplier": spec.num_generations / DEFAULT_GENERATIONS,
+            "reasoning_effort": echo.get("reasoning_effort", "auto"),
+        }
+        block = {"grader": spec.grader, "hyperparameters": hp, "response_format": echo.get("response_format")}
+    return {"hyperparameters": hp, "method": {"type": method_type, method_type: block}}

@@ -94,8 +94,14 @@ def _unix(value: Any) -> int | None:
 
 def job_object(job: Job, storage: Storage) -> FineTuningJob:
     spec = JobSpec.model_validate(job.spec)
-    method_type = (job.openai or {}).get("method", {}).get("type", "supervised")
-    shown = resolved(spec, method_type)
+    method = (job.openai or {}).get("method", {})
+    method_type = method.get("type", "supervised")
+    asked = method.get(method_type) or {}  # reinforcement: what the spec does not hold, as it was asked
+    echo = {
+        "reasoning_effort": asked.get("hyperparameters", {}).get("reasoning_effort", "auto"),
+        "response_format": asked.get("response_format"),
+    }
+    shown = resolved(spec, method_type, echo)
     succeeded = job.status == JobStatus.SUCCEEDED
     eta = None
     if job.status in (JobStatus.RUNNING, JobStatus.PAUSING) and job.eta_seconds is not None:

@@ -81,7 +81,7 @@ def _create(body: CreateJobRequest, services: Services, principal: Principal) ->
                     tenant_id=principal.tenant_id,
                     plan_gpu=services.settings.plan_gpu,
                 )
-        request: dict[str, Any] = {"model": body.model, **resolved(spec, mapped.method_type)}
+        request: dict[str, Any] = {"model": body.model, **resolved(spec, mapped.method_type, mapped.echo)}
         fields = OpenAIFields(suffix=body.suffix, metadata=body.metadata, request=request)
         job = services.submit(spec, tenant_id=principal.tenant_id, openai=fields)
     except FtuneError as e:  # admission names JobSpec's fields; the caller sent OpenAI's

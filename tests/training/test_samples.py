@@ -13,6 +13,7 @@ from tests.training.util import pair_rows, qa_rows, read_metrics, write_jsonl
 from training import samples
 from training.data import IGNORE
 from training.model import load_model, load_tokenizer
+from training.objectives.dpo import Dpo
 from training.recipe import load_splits
 from training.run import run
 
@@ -118,7 +119,7 @@ def test_a_string_prompt_renders_as_the_training_data_does(make_config, tokenize
 def test_dpo_prompts_are_the_validation_pairs_prompts(make_config, tokenizer) -> None:
     config = make_config(pair_rows(12), objective="dpo", sample_prompts=2, validation_fraction=0.25)
     _, val, _, _ = load_splits(config, tokenizer)
-    prompts = samples.prompts_for(config, tokenizer, val)
+    prompts = samples.prompts_for(config, tokenizer, val, Dpo.sample_prompts)
     assert [p.ids for p in prompts] == [list(v.chosen.input_ids[: v.prompt_len]) for v in val[:2]]
 
 

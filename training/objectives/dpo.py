@@ -9,7 +9,7 @@ from typing import Any
 from core.spec import JobSpec
 from training import dpo, preference, samples
 from training.batches import Step
-from training.objectives import Context, Evaluation
+from training.objectives.base import Context, Evaluation
 from training.step import StepResult
 
 

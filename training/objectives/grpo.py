@@ -34,7 +34,7 @@ from training.batches import Step, split_step
 from training.dpo import reference_policy
 from training.grading import grade_context
 from training.loss import token_losses
-from training.objectives import Context, Evaluation
+from training.objectives.base import Context, Evaluation
 from training.rollouts import Completion, PromptItem
 from training.samples import Prompt
 from training.step import Batch, StepResult, accumulate_gradients, make_batch, optimizer_step
