@@ -1,5 +1,5 @@
-"""Write examples/alpaca_small.jsonl, examples/chat_small.jsonl and examples/preference_small.jsonl
-(deterministic: same output every run).
+"""Write examples/alpaca_small.jsonl, examples/chat_small.jsonl, examples/preference_small.jsonl and
+examples/rft_small.jsonl (deterministic: same output every run).
 
 .venv/bin/python examples/make_examples.py
 """
@@ -212,6 +212,18 @@ def preference(rng: random.Random) -> list[dict[str, Any]]:
     return rows
 
 
+def reinforcement(rng: random.Random) -> list[dict[str, Any]]:
+    """Reinforcement prompts (OpenAI's RFT rows): a question ending in a user turn, and the reference
+    answer the grader reads as item.answer (README "Reinforcement fine-tuning")."""
+    rows: list[dict[str, Any]] = []
+    for country, capital in CAPITALS:
+        rows.append({"q": f"What is the capital of {country}? Answer with the city only.", "answer": capital})
+    for word, opposite in OPPOSITES:
+        rows.append({"q": f"Give the opposite of '{word}'. One word.", "answer": opposite})
+    rng.shuffle(rows)
+    return [{"messages": [turn("user", r["q"])], "answer": r["answer"]} for r in rows]
+
+
 def write(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     print(f"wrote {len(rows)} examples to {path}")
@@ -221,6 +233,7 @@ def main() -> None:
     write(HERE / "alpaca_small.jsonl", alpaca(random.Random(7)))
     write(HERE / "chat_small.jsonl", chat(random.Random(11)))
     write(HERE / "preference_small.jsonl", preference(random.Random(13)))
+    write(HERE / "rft_small.jsonl", reinforcement(random.Random(17)))
 
 
 if __name__ == "__main__":

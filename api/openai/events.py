@@ -78,6 +78,25 @@ PREFERENCE_METRICS = (
 )
 
 
+def reinforcement_metrics(r: StepRecord, ev: EvalRecord | None) -> dict[str, Any]:
+    """What OpenAI's reinforcement jobs report per step: scores (train_reward_mean and, at an evaluated
+    step, valid_reward_mean; each named grader's mean as <name>_mean), the grader errors counted over the
+    step's samples, and the step's timing in seconds (sampling, grading, training, eval, full_iteration)."""
+    assert r.rl is not None
+    scores: dict[str, Any] = {"train_reward_mean": r.rl.reward_mean, "train_reward_std": r.rl.reward_std}
+    scores |= {f"{name}_mean": v for name, v in r.rl.scores.items()}
+    timing = dict(r.rl.timing)
+    if ev is not None and ev.rl is not None:
+        scores["valid_reward_mean"] = ev.rl.reward_mean
+        scores |= {f"valid_{name}_mean": v for name, v in ev.rl.scores.items()}
+        timing["eval"] = sum(ev.rl.timing.values())
+    timing["full_iteration"] = sum(timing.values())
+    rl = r.rl
+    usage = {"samples": rl.samples, "completion_tokens_mean": rl.completion_tokens_mean}
+    loss = {"clip_ratio_region": rl.clip_ratio_region, "kl": rl.kl, "truncated_share": rl.truncated_share}
+    return {"scores": scores, "errors": dict(rl.errors), "timing": {"step": timing}, "usage": usage} | loss
+
+
 def metrics_events(job: Job, storage: Storage) -> list[tuple[float, FineTuningJobEvent]]:
     """One event per logged step: step, train_loss, train_mean_token_accuracy (the share of the step's
     target tokens whose argmax prediction is right; null for dpo), and valid_loss /
@@ -100,12 +119,17 @@ def metrics_events(job: Job, storage: Storage) -> list[tuple[float, FineTuningJo
         }
         if r.rewards_accuracy is not None:  # a dpo job: its preference metrics, under TRL's names
             data |= {f"train_{k}": getattr(r, k) for k in PREFERENCE_METRICS}
-        if (ev := evals.get(r.step)) is not None:
+        ev = evals.get(r.step)
+        if ev is not None:
             data |= {"valid_loss": ev.eval_loss, "valid_mean_token_accuracy": ev.eval_token_accuracy}
             if ev.rewards_accuracy is not None:
                 data |= {f"valid_{k}": getattr(ev, k) for k in PREFERENCE_METRICS}
+        if r.rl is not None:
+            data |= reinforcement_metrics(r, ev)
         loss = "n/a" if r.loss is None else f"{r.loss:.4f}"
         message = f"Step {r.step}/{r.total_steps}: training loss={loss}"
+        if r.rl is not None and r.rl.reward_mean is not None:
+            message += f", train reward mean={r.rl.reward_mean:.4f}"
         event = FineTuningJobEvent(
             id=f"ftevent-{job.id[:8]}-step-{r.step}",
             created_at=int(at),
