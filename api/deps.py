@@ -43,6 +43,7 @@ class Services:
     measurements: TenantGate = field(init=False)
     uploads: TenantGate = field(init=False)
     chats: TenantGate = field(init=False)  # the engine is shared: a tenant's chat completions at once
+    grader_runs: TenantGate = field(init=False)  # /v1 graders/run: sandbox children, judge requests
 
     def __post_init__(self) -> None:
         self.placer = Placer(self.catalog)
@@ -56,6 +57,13 @@ class Services:
             what="chat completions",
             code="too_many_concurrent_requests",
             per_tenant=self.settings.chat_max_concurrent_per_tenant,
+            retry_after=1,
+        )
+        self.grader_runs = TenantGate(
+            what="grader runs",
+            code="too_many_concurrent_requests",
+            per_tenant=self.settings.grader_run_max_concurrent_per_tenant,
+            total=self.settings.grader_run_max_concurrent,
             retry_after=1,
         )
 

@@ -125,6 +125,10 @@ class Settings(BaseSettings):
     grader_model_api_key: str = ""
     grader_model_timeout_seconds: float = Field(default=60, gt=0)
     grader_concurrency: int = Field(default=8, ge=1, le=256)
+    # POST /v1/fine_tuning/alpha/graders/run: samples graded at once per tenant and in all, per API process
+    # (each can hold a threadpool thread, a sandboxed child or a judge request; 429 past either).
+    grader_run_max_concurrent_per_tenant: int = Field(default=2, ge=1)
+    grader_run_max_concurrent: int = Field(default=8, ge=1)
 
     @model_validator(mode="after")
     def _absolute_paths(self) -> Settings:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from api.openai import chat, files, jobs, models_list
+from api.openai import chat, files, graders, jobs, models_list
 from api.openai.errors import OpenAIRoute
 from core.errors import NotFound
 
 router = APIRouter(prefix="/v1", route_class=OpenAIRoute)
 router.include_router(files.router)
 router.include_router(jobs.router)
+router.include_router(graders.router)
 router.include_router(chat.router)
 router.include_router(models_list.router)
 
