@@ -25,6 +25,7 @@ LOG_FILE = "train.log"
 CHECKPOINTS_DIR = "checkpoints"
 ADAPTER_DIR = "adapter"
 ADAPTER_ARCHIVE = "adapter.tar.gz"
+CHECKPOINT_ADAPTERS_DIR = "checkpoint-adapters"  # kept checkpoints' adapters in PEFT's layout, for serving
 MERGED_DIR = "merged"
 MERGED_ARCHIVE = "merged.tar.gz"
 
@@ -51,6 +52,7 @@ class Storage:
     jobs/<job_id>/checkpoints/step-<n>/
     jobs/<job_id>/adapter/            final adapter (safetensors + adapter_config.json + README.md)
     jobs/<job_id>/adapter.tar.gz      the download
+    jobs/<job_id>/checkpoint-adapters/step-<n>/  a checkpoint's adapter as PEFT's directory, made when served
     """
 
     def __init__(self, root: Path) -> None:
@@ -92,6 +94,9 @@ class Storage:
 
     def adapter_dir(self, job_id: str) -> Path:
         return self.job_dir(job_id) / ADAPTER_DIR
+
+    def checkpoint_adapter_dir(self, job_id: str, step: int) -> Path:
+        return self.job_dir(job_id) / CHECKPOINT_ADAPTERS_DIR / f"step-{int(step):08d}"
 
     def adapter_archive(self, job_id: str) -> Path:
         return self.job_dir(job_id) / ADAPTER_ARCHIVE

@@ -3,6 +3,8 @@ checkpoints a job keeps. Every query is scoped to one tenant (the organization).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
@@ -55,3 +57,15 @@ def checkpoint(session: Session, job_id: str, step: int) -> Artifact | None:
         .order_by(Artifact.created_at.desc())
         .limit(1)
     ).first()
+
+
+def is_stored(art: Artifact, job_dir: Path) -> bool:
+    """Whether an artifact's files are still on disk (keep_checkpoints prunes older checkpoints). relpath
+    was written by the worker from known names; checked to stay under the job's directory anyway."""
+    path = job_dir / art.relpath
+    return path.resolve().is_relative_to(job_dir.resolve()) and path.exists()
+
+
+def stored_checkpoints(session: Session, job_id: str, job_dir: Path) -> list[Artifact]:
+    """The job's checkpoints still on disk, in step order (the latest row per step)."""
+    return [a for a in checkpoints(session, job_id) if is_stored(a, job_dir)]

@@ -33,9 +33,9 @@ from api.auth import PrincipalDep
 from api.deps import Services, ServicesDep
 from api.inference_client import Adapter, EngineError, InferenceClient
 from api.openai.errors import AUTHED, OpenAIErrorResponse, OpenAIRoute, documented, error_response
-from core import ft_names
 from core.chat_limits import MAX_N, MAX_STOP_CHARS, MAX_STOPS
-from core.errors import FtuneError, InvalidInput, NotFound, Unavailable
+from core.checkpoint_adapter import NotServable, peft_view
+from core.errors import Conflict, FtuneError, InvalidInput, NotFound, Unavailable
 from core.settings import Settings
 from models import served
 from models.tenants import Principal
@@ -166,23 +166,34 @@ def model_not_found(model: str, why: str = "") -> NotFound:
 
 
 def resolve(services: Services, model: str, principal: Principal) -> Adapter | None:
-    """The adapter a `ft:` name of the caller's tenant serves, or None for a base model in the catalog."""
+    """The adapter a `ft:` name of the caller's tenant serves, or None for a base model in the catalog. A
+    checkpoint's model (`...:ckpt-step-<n>`, kept on disk) serves that checkpoint's adapter, laid out as
+    PEFT's directory beside the job's files the first time it is asked for (core.checkpoint_adapter)."""
     if not model.startswith("ft:"):
         try:
             services.catalog.get(model)
         except FtuneError:
             raise model_not_found(model) from None
         return None
-    parsed = ft_names.parse(model)
-    if parsed is not None and parsed.step is not None:
-        raise model_not_found(
-            model, " Checkpoints' models are not served yet; use the job's fine_tuned_model."
-        )
+    storage = services.storage
     with services.sessions() as s:
-        found = served.find(s, model, principal.tenant_id)
-    path = services.storage.adapter_dir(found.job_id) if found is not None else None
-    if found is None or path is None or not path.is_dir():
+        found = served.find(s, model, principal.tenant_id, storage)
+    final = storage.adapter_dir(found.job_id) if found is not None else None
+    if found is None or final is None or not final.is_dir():
         raise model_not_found(model)
+    if found.checkpoint is None or found.step is None:
+        return Adapter(name=found.name, path=final, base_model=found.base_model)
+    try:
+        path = peft_view(found.checkpoint, final, storage.checkpoint_adapter_dir(found.job_id, found.step))
+    except FileNotFoundError:  # pruned or deleted since it was found
+        raise model_not_found(model) from None
+    except NotServable as e:
+        log.error("checkpoint model %s cannot be served: %s", model, e)
+        raise Conflict(
+            f"the checkpoint of `{model}` does not match its job's adapter and cannot be served",
+            code="checkpoint_not_servable",
+            param="model",
+        ) from None
     return Adapter(name=found.name, path=path, base_model=found.base_model)
 
 

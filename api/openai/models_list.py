@@ -2,7 +2,9 @@
 
 OpenAI's model object `{id, object: "model", created, owned_by}` for every base model in the local catalog
 (owned by "ftune") and the caller's tenant's fine-tuned models (owned by the organization, as the job
-object's organization_id says). One list, not paged (OpenAI does not page it), and only the caller's.
+object's organization_id says), each followed by the checkpoints its job still keeps on disk
+(`...:ckpt-step-<n>`, the checkpoints list's fine_tuned_model_checkpoint). One list, not paged (OpenAI
+does not page it), and only the caller's.
 """
 
 from __future__ import annotations
@@ -51,18 +53,20 @@ def _tuned(model: served.FineTunedModel) -> ModelObject:
 
 @router.get("", response_model=ModelList, responses=documented(*AUTHED))
 def list_models(services: ServicesDep, principal: PrincipalDep) -> ModelList:
-    """`client.models.list()`: the base models, then the caller's fine-tuned models (newest first)."""
+    """`client.models.list()`: the base models, then the caller's fine-tuned models (newest first), each
+    with its kept checkpoints (newest first)."""
     with services.sessions() as s:
-        tuned = served.of_tenant(s, principal.tenant_id)
+        tuned = served.of_tenant(s, principal.tenant_id, services.storage)
     return ModelList(data=[_base(m) for m in services.catalog.list()] + [_tuned(m) for m in tuned])
 
 
 @router.get("/{model:path}", response_model=ModelObject, responses=documented(*AUTHED, 404))
 def retrieve_model(model: str, services: ServicesDep, principal: PrincipalDep) -> ModelObject:
-    """`client.models.retrieve(model)`; another organization's fine-tuned model is 404, like a missing one."""
+    """`client.models.retrieve(model)`; another organization's fine-tuned model, or a pruned checkpoint's,
+    is 404, like a missing one."""
     if ft_names.is_fine_tuned(model):
         with services.sessions() as s:
-            found = served.find(s, model, principal.tenant_id)
+            found = served.find(s, model, principal.tenant_id, services.storage)
         if found is None:
             raise model_not_found(model)
         return _tuned(found)

@@ -26,12 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import openai
 import pytest
+from safetensors.numpy import save_file
 
 from core.storage import Storage
 from models.db import make_engine, make_session_factory, session_scope
-from models.tables import Job
+from models.tables import Artifact, Job
 from models.tenants import create_key, get_or_create_tenant
 from tests.e2e.stack import REPO, Proc, env_for, free_port
 from tests.openai.conftest import TINY
@@ -202,6 +204,38 @@ class ChatStack:
         adapter.mkdir(parents=True)
         (adapter / "adapter_config.json").write_text("{}")
         return job_id
+
+    def checkpoint(self, job_id: str, step: int) -> Path:
+        """A checkpoint of the job as training keeps it (its trainable weights by parameter name, an Artifact
+        row), and the final adapter's weights under PEFT's names; returns the checkpoint's directory."""
+        storage = Storage(self.data_dir)
+        weights = {
+            f"base_model.model.layers.0.q_proj.lora_{x}.default.weight": np.full((2, 2), step, "f4")
+            for x in "AB"
+        }
+        ckpt = storage.checkpoints_dir(job_id) / f"step-{step:08d}"
+        ckpt.mkdir(parents=True)
+        save_file(weights, str(ckpt / "adapter.safetensors"))
+        final = {k.replace(".default", ""): np.zeros((2, 2), "f4") for k in weights}
+        save_file(final, str(storage.adapter_dir(job_id) / "adapter_model.safetensors"))
+        relpath = ckpt.relative_to(storage.job_dir(job_id)).as_posix()
+        engine = make_engine(self.database_url)
+        try:
+            with session_scope(make_session_factory(engine)) as s:
+                s.add(
+                    Artifact(
+                        id=uuid.uuid4().hex,
+                        job_id=job_id,
+                        kind="checkpoint",
+                        relpath=relpath,
+                        size_bytes=1,
+                        sha256="0" * 64,
+                        step=step,
+                    )
+                )
+        finally:
+            engine.dispose()
+        return ckpt
 
 
 def start_api(tmp: Path, **env_extra: str) -> tuple[Proc, str, str]:

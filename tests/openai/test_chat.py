@@ -2,18 +2,20 @@
 test double of the inference engine (tests/openai/engine_double.py) over real sockets.
 
 What the API owns is tested here: who may call which model (404 model_not_found for another organization's
-`ft:` name, an unknown one, a checkpoint's), the adapter registered from the job id (path under the job's
-directory, base model from the job), registered again when the engine forgot it, the body forwarded as
-sent as read (the fields ftune supports, re-serialised), SSE passed through, the engine's errors passed on
-with their status (429 with Retry-After), 503 inference_unavailable without an engine (never its address),
-cheap bounds as 400 with the parameter named, the engine's key sent, and a hostile tenant held: at most
-FTUNE_CHAT_MAX_CONCURRENT_PER_TENANT requests at once (429), n x max_tokens capped, stop strings bounded,
-ignore_eos refused unless allowed, and a client that goes away cancelling the engine's request.
+`ft:` name, an unknown one, a pruned checkpoint's), the adapter registered from the job id (path under the
+job's directory, base model from the job; a kept checkpoint's laid out as PEFT's), registered again when
+the engine forgot it, the body forwarded as sent as read (the fields ftune supports, re-serialised), SSE
+passed through, the engine's errors passed on with their status (429 with Retry-After), 503
+inference_unavailable without an engine (never its address), cheap bounds as 400 with the parameter named,
+the engine's key sent, and a hostile tenant held: at most FTUNE_CHAT_MAX_CONCURRENT_PER_TENANT requests
+at once (429), n x max_tokens capped, stop strings bounded, ignore_eos refused unless allowed, and a client
+that goes away cancelling the engine's request.
 The real engine answering is tests/e2e/test_chat_e2e.py.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +23,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from safetensors.numpy import load_file
 
 from core import ft_names
 from core.storage import Storage
@@ -98,13 +101,46 @@ def test_another_organizations_or_unknown_model_is_404_model_not_found(chat_stac
                 sdk.chat.completions.create(model=model, messages=HI)
             assert e.value.code == "model_not_found" and e.value.param == "model", model
             assert e.value.body["type"] == "invalid_request_error"
-        with pytest.raises(openai.NotFoundError) as e:
+        with pytest.raises(openai.NotFoundError) as e:  # a checkpoint it never saved
             sdk.chat.completions.create(model=f"{mine}:ckpt-step-10", messages=HI)
-        assert (
-            e.value.code == "model_not_found" and "Checkpoints' models are not served yet" in e.value.message
-        )
+        assert e.value.code == "model_not_found"
         assert len(chat_stack.engine.chats) == before  # none reached the engine
         assert owner_sdk.chat.completions.create(model=theirs, messages=HI).choices  # the owner's does answer
+
+
+def test_a_kept_checkpoint_answers_from_its_own_adapter_until_pruned(chat_stack: ChatStack) -> None:  # noqa: F811
+    sdk, tenant_id = chat_stack.tenant()
+    other_sdk, _ = chat_stack.tenant()
+    job_id = chat_stack.finished_job(tenant_id)
+    ckpt = chat_stack.checkpoint(job_id, 20)
+    model = ft_names.checkpoint_model(ft_name(tenant_id, job_id), 20)
+    storage = Storage(chat_stack.data_dir)
+    with sdk, other_sdk:
+        answer = sdk.chat.completions.create(model=model, messages=HI)
+        assert answer.choices[0].message.content == f"echo {model}: hello there"
+        view = storage.checkpoint_adapter_dir(job_id, 20)
+        loads = [b for b in chat_stack.engine.loads if b["lora_name"] == model]
+        assert loads == [{"lora_name": model, "lora_path": str(view), "base_model": "tiny"}]
+        # PEFT's layout of the checkpoint's weights, under the final adapter's names and config
+        weights = load_file(view / "adapter_model.safetensors")
+        assert set(weights) == set(load_file(storage.adapter_dir(job_id) / "adapter_model.safetensors"))
+        assert all((w == 20).all() for w in weights.values())
+        assert (view / "adapter_config.json").read_text() == "{}"
+
+        with pytest.raises(openai.NotFoundError) as e:  # another organization's checkpoint
+            other_sdk.chat.completions.create(model=model, messages=HI)
+        assert e.value.code == "model_not_found"
+
+        shutil.rmtree(ckpt)  # pruned, as keep_checkpoints does
+        before = len(chat_stack.engine.chats)
+        with pytest.raises(openai.NotFoundError) as e:
+            sdk.chat.completions.create(model=model, messages=HI)
+        assert (e.value.code, e.value.param, e.value.body["type"]) == (
+            "model_not_found",
+            "model",
+            "invalid_request_error",
+        )
+        assert len(chat_stack.engine.chats) == before
 
 
 def test_the_engines_errors_pass_through_with_their_status_and_retry_after(chat_stack: ChatStack) -> None:  # noqa: F811

@@ -1,7 +1,10 @@
 """The official openai SDK's `client.models` against a real API: the catalog's base models and the caller's
-own fine-tuned models (succeeded, not deleted), never another organization's."""
+own fine-tuned models (succeeded, not deleted) with the checkpoints their jobs still keep, never another
+organization's."""
 
 from __future__ import annotations
+
+import shutil
 
 import openai
 import pytest
@@ -34,6 +37,33 @@ def test_list_and_retrieve_show_only_the_callers_models(chat_stack: ChatStack) -
             with pytest.raises(openai.NotFoundError) as e:
                 sdk.models.retrieve(model)
             assert e.value.code == "model_not_found", model
+
+
+def test_kept_checkpoints_are_models_until_pruned(chat_stack: ChatStack) -> None:  # noqa: F811
+    sdk, tenant_id = chat_stack.tenant()
+    other_sdk, _ = chat_stack.tenant()
+    job_id = chat_stack.finished_job(tenant_id)
+    final = ft_names.fine_tuned_model("tiny", tenant_id, "demo", job_id)
+    pruned = chat_stack.checkpoint(job_id, 10)
+    for step in (20, 30):
+        chat_stack.checkpoint(job_id, step)
+    shutil.rmtree(pruned)  # keep_checkpoints pruned the oldest; its Artifact row stays
+    ckpt = {step: ft_names.checkpoint_model(final, step) for step in (10, 20, 30)}
+    with sdk, other_sdk:
+        listed = [m.id for m in sdk.models.list()]
+        assert listed == ["tiny", final, ckpt[30], ckpt[20]]  # the job's final model, then newest first
+        got = sdk.models.retrieve(ckpt[20])
+        assert (got.id, got.owned_by, got.object) == (ckpt[20], tenant_id, "model") and got.created > 0
+        # the /v1 checkpoints list names the same models
+        names = [c.fine_tuned_model_checkpoint for c in sdk.fine_tuning.jobs.checkpoints.list(job_id)]
+        assert sorted(names) == sorted([ckpt[20], ckpt[30]])
+        for model in (ckpt[10], ckpt[20].replace(":demo:", ":other:")):
+            with pytest.raises(openai.NotFoundError) as e:
+                sdk.models.retrieve(model)
+            assert e.value.code == "model_not_found", model
+        with pytest.raises(openai.NotFoundError):
+            other_sdk.models.retrieve(ckpt[20])
+        assert [m.id for m in other_sdk.models.list()] == ["tiny"]
 
 
 def test_models_need_a_key(chat_stack: ChatStack) -> None:  # noqa: F811
