@@ -95,6 +95,9 @@ class ArtifactOut(BaseModel):
     sha256: str
     step: int | None
     created_at: datetime
+    loss: float | None = None  # a checkpoint's: the training loss logged at its step
+    eval_loss: float | None = None  # and the validation loss, when it was evaluated there
+    download_url: str
 
 
 class ModelOut(BaseModel):
@@ -175,7 +178,7 @@ def event_out(ev: JobEvent) -> EventOut:
     return EventOut(id=ev.id, kind=ev.kind, message=ev.message, data=ev.data, created_at=ev.created_at)
 
 
-def artifact_out(art: Artifact) -> ArtifactOut:
+def artifact_out(art: Artifact, loss: float | None = None, eval_loss: float | None = None) -> ArtifactOut:
     return ArtifactOut(
         id=art.id,
         kind=art.kind,
@@ -184,4 +187,7 @@ def artifact_out(art: Artifact) -> ArtifactOut:
         sha256=art.sha256,
         step=art.step,
         created_at=art.created_at,
+        loss=loss,
+        eval_loss=eval_loss,
+        download_url=f"/jobs/{art.job_id}/artifacts/{art.id}/download",
     )

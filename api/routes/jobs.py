@@ -33,6 +33,7 @@ from core.run_protocol import EvalRecord, StepRecord, read_records
 from core.spec import JobSpec
 from core.states import JobStatus
 from models import jobs as jobs_db
+from models import openai_jobs
 from models.db import session_scope
 from models.queue_view import queue_view
 from models.tables import Job
@@ -157,8 +158,19 @@ def get_samples(job: OwnedJob, services: ServicesDep) -> dict[str, Any]:
 
 
 @router.get("/{job_id}/artifacts", response_model=list[ArtifactOut], responses=errors(404))
-def list_artifacts(job: OwnedJob) -> list[ArtifactOut]:
-    return [artifact_out(a) for a in job.artifacts]
+def list_artifacts(job: OwnedJob, session: SessionDep, services: ServicesDep) -> list[ArtifactOut]:
+    """What the job still stores, to download: the adapter (and merged model), then its checkpoints newest
+    first, each with the loss (and eval loss) logged at its step. Checkpoints pruned by keep_checkpoints
+    are left out, so this list, the dashboard and the /v1 checkpoints list agree."""
+    job_dir = services.storage.job_dir(job.id)
+    finals = [a for a in job.artifacts if a.kind != "checkpoint" and openai_jobs.is_stored(a, job_dir)]
+    finals.sort(key=lambda a: a.created_at, reverse=True)
+    kept = openai_jobs.stored_checkpoints(session, job.id, job_dir)[::-1]
+    records = read_records(services.storage.metrics_path(job.id)) if kept else []
+    losses = {r.step: r.loss for r in records if isinstance(r, StepRecord)}
+    evals = {r.step: r.eval_loss for r in records if isinstance(r, EvalRecord)}
+    checkpoints = [artifact_out(a, losses.get(a.step or 0), evals.get(a.step or 0)) for a in kept]
+    return [artifact_out(a) for a in finals] + checkpoints
 
 
 @router.get(

@@ -77,7 +77,7 @@ def _succeeded_job(app: FastAPI, client: TestClient, dataset_id: str) -> str:
     """A job as a worker leaves it: trained, with metrics, a checkpoint and a downloadable adapter."""
     job_id = _job(client, dataset_id)
     storage = app.state.services.storage
-    storage.job_dir(job_id).mkdir(parents=True)
+    (storage.job_dir(job_id) / "checkpoints" / "step-1").mkdir(parents=True)
     step = StepRecord(step=1, total_steps=1, epoch=1.0, loss=2.5, lr=1e-4, tokens=10, elapsed_s=1.0)
     storage.metrics_path(job_id).write_text(encode(step) + "\n")
     storage.adapter_archive(job_id).write_bytes(b"adapter bytes")

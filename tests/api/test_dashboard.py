@@ -14,7 +14,9 @@ import tarfile
 from fastapi.testclient import TestClient
 
 from api.deps import Services
+from core.run_protocol import EvalRecord, StepRecord, encode
 from core.settings import Settings
+from core.storage import new_id
 from models import jobs as jobs_db
 from models import workers as workers_db
 from models.db import session_scope
@@ -109,6 +111,36 @@ def test_checkpoint_download_is_a_tarball_of_the_directory(
     ckpt.rmdir()  # pruned by training's keep-last-N
     r = client.get(url)
     assert r.status_code == 404 and r.json()["error"]["code"] == "artifact_gone"
+
+
+def test_artifacts_list_what_is_stored_checkpoints_newest_first_with_their_loss(
+    client: TestClient, dataset_id: str
+) -> None:
+    """The dashboard's list: a checkpoint pruned by keep_checkpoints is gone from it (its row stays)."""
+    job_id = _submit(client, dataset_id)
+    storage = _services(client).storage
+    records = [
+        StepRecord(step=n, total_steps=6, epoch=n / 6, loss=3.0 - n / 10, lr=1e-4, tokens=8, elapsed_s=n)
+        for n in range(1, 7)
+    ]
+    records.append(EvalRecord(step=4, eval_loss=2.75))
+    storage.job_dir(job_id).mkdir(parents=True)
+    storage.metrics_path(job_id).write_text("".join(encode(r) + "\n" for r in records))
+    ids = {}
+    with session_scope(_services(client).sessions) as s:
+        for step in (2, 6, 4):  # rows in no particular order; step 2's directory was pruned
+            rel = f"checkpoints/step-{step:08d}"
+            if step != 2:
+                (storage.job_dir(job_id) / rel).mkdir(parents=True)
+            ids[step] = jobs_db.add_artifact(s, new_id(), job_id, "checkpoint", rel, 1, "0" * 64, step).id
+        storage.adapter_archive(job_id).write_bytes(b"adapter")
+        adapter = jobs_db.add_artifact(s, new_id(), job_id, "adapter", "adapter.tar.gz", 7, "1" * 64, 6).id
+    listed = client.get(f"/jobs/{job_id}/artifacts").json()
+    assert [(a["id"], a["step"]) for a in listed] == [(adapter, 6), (ids[6], 6), (ids[4], 4)]
+    assert [(a["loss"], a["eval_loss"]) for a in listed] == [(None, None), (2.4, None), (2.6, 2.75)]
+    for a in listed:
+        assert a["download_url"] == f"/jobs/{job_id}/artifacts/{a['id']}/download"
+        assert client.get(a["download_url"]).status_code == 200
 
 
 def test_metrics_need_an_admin_and_label_latency_by_route_template(

@@ -31,7 +31,8 @@ SPEC = {
     "max_steps": 8,
     "micro_batch_size": 2,
     "max_seq_len": 64,
-    "checkpoint_every_steps": 4,
+    "checkpoint_every_steps": 2,
+    "keep_checkpoints": 2,  # steps 2 and 4 are pruned: the page lists 6 and 8 only
     "lora_dropout": 0.0,
     "learning_rate": 2e-3,
 }
@@ -258,10 +259,33 @@ def test_dashboard_follows_a_training_job_live(stack: Stack, browser: Browser) -
     assert page.locator("#memory rect.term").count() >= 3  # the planner's stacked breakdown
     page.wait_for_selector("#events >> text=succeeded")
     assert page.locator("#artifacts a.download").count() >= 2  # checkpoints and the adapter
+    _checkpoints_as_stored(stack, page, job_id)
     assert page.evaluate("window.__sameDocument") is True
     _shot(page, "5-job-page")
     assert browser.errors == [], browser.errors
     page.close()
+
+
+def _checkpoints_as_stored(stack: Stack, page: Any, job_id: str) -> None:
+    """The job page's checkpoints: those still on disk, newest first, each with its step's loss (from the
+    metrics) and a working download link; pruned ones are gone. The same as GET /jobs/{id}/artifacts."""
+    rows = page.eval_on_selector_all(
+        "#artifacts tr.artifact",
+        """rows => rows.map((r) => ({kind: r.dataset.kind, step: r.dataset.step,
+            loss: r.querySelector('td.loss').textContent,
+            href: r.querySelector('a.download').getAttribute('href')}))""",
+    )
+    listed = api.get(f"{stack.base}/jobs/{job_id}/artifacts").json()
+    assert [(r["kind"], r["href"]) for r in rows] == [(a["kind"], a["download_url"]) for a in listed]
+    steps = [int(r["step"]) for r in rows if r["kind"] == "checkpoint"]
+    stored = sorted(
+        int(p.name.split("-")[1]) for p in (stack.tmp / "data" / "jobs" / job_id / "checkpoints").iterdir()
+    )
+    assert steps == sorted(stored, reverse=True) == [8, 6], (steps, stored)  # 2 and 4 were pruned
+    losses = {r["step"]: r["loss"] for r in api.get(f"{stack.base}/jobs/{job_id}/metrics").json()["data"]}
+    assert [r["loss"] for r in rows if r["kind"] == "checkpoint"] == [f"{losses[s]:.4f}" for s in steps]
+    for r in rows:
+        assert api.get(stack.base + r["href"]).status_code == 200
 
 
 def _frames(lines: Iterator[str], frames: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
