@@ -8,6 +8,9 @@ that touches torch (`complete`) runs on the one generation thread (inference.sch
     core.planner.serving bound: base + buffers, the rest for adapters); the least recently used adapter
     is deleted from the peft model before another is loaded
   - a base model request runs with the adapters disabled; an adapter request sets its adapter
+The batched path (inference.batcher) renders a request with `render` and holds its adapter with `pin`
+while its rows decode: a pinned adapter is never evicted nor dropped (unregistered, it goes once
+unpinned), and one that cannot be made resident beside the pinned ones raises `Busy` (the request waits).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import gc
 import itertools
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,8 +28,10 @@ from core.catalog import BaseModelInfo, Catalog
 from core.data.examples import Message
 from inference import adapters
 from inference.adapters import Adapter
-from inference.errors import EngineError, invalid, model_not_found
+from inference.errors import Busy, EngineError, invalid, model_not_found
 from inference.generation import Completion, Sampling
+
+BASE_ROWS = "__base__"  # peft's name, in a mixed batch, for rows that use no adapter
 
 
 @dataclass
@@ -81,6 +86,7 @@ class Engine:
         self._bases: OrderedDict[str, LoadedBase] = OrderedDict()  # oldest use first
         self._slots = itertools.count()
         self.evictions: list[str] = []  # lora names evicted, in order (for tests and logs)
+        self._pinned: Counter[str] = Counter()  # lora name -> rows decoding with it (generation thread)
 
     # -- registry (any thread) --------------------------------------------------------------------------
     def register(self, name: str, path: str, base_model: str | None = None) -> Adapter:
@@ -133,9 +139,19 @@ class Engine:
     def start(self, target: Target, messages: Sequence[Message], sampling: Sampling) -> Prepared:
         """Load what the target needs and render its prompt; a prompt that does not fit is a 400 here,
         before any token is generated (and before a stream has sent its headers)."""
+        loaded, ids, sampling = self.render(target, messages, sampling)
+        _, model = self.prepare(target)
+        return Prepared(model, loaded.tokenizer, ids, sampling, base_only=target.adapter is None)
+
+    def render(
+        self, target: Target, messages: Sequence[Message], sampling: Sampling
+    ) -> tuple[LoadedBase, list[int], Sampling]:
+        """The target's base loaded, the prompt's ids and the sampling with max_tokens filled in (up to the
+        context); 400 context_length_exceeded when they do not fit."""
         from inference.prompt import prompt_ids
 
-        loaded, model = self.prepare(target)
+        loaded = self._base(target.base)
+        self._drop_unregistered(loaded)
         ids = prompt_ids(messages, loaded.tokenizer)
         room = loaded.context - len(ids)
         if room < 1 or (sampling.max_tokens or 0) > room:
@@ -145,8 +161,33 @@ class Engine:
                 "max_tokens" if room >= 1 else "messages",
                 code="context_length_exceeded",
             )
-        sampling = replace(sampling, max_tokens=sampling.max_tokens or room)
-        return Prepared(model, loaded.tokenizer, ids, sampling, base_only=target.adapter is None)
+        return loaded, ids, replace(sampling, max_tokens=sampling.max_tokens or room)
+
+    def pin(self, target: Target) -> str:
+        """Make the target's adapter resident (its base is loaded: `render` came first) and hold it until
+        `unpin`: its peft slot, or "__base__" for a base model. Busy when only a pinned adapter could
+        make room for it."""
+        if target.adapter is None:
+            return BASE_ROWS
+        loaded = self._bases[target.base]
+        name = target.adapter.name
+        entry = loaded.resident.get(name)
+        if entry is not None and entry[1] != target.adapter:  # registered again from elsewhere
+            if name in self._pinned:
+                raise Busy(f"adapter {name!r} waits for its previous registration's rows to finish")
+            self._evict(loaded, name)
+            entry = None
+        if entry is None:
+            entry = self._load_adapter(loaded, target.adapter)
+        loaded.resident.move_to_end(name)
+        self._pinned[name] += 1
+        return entry[0]
+
+    def unpin(self, target: Target) -> None:
+        if target.adapter is not None:
+            self._pinned[target.adapter.name] -= 1
+            if self._pinned[target.adapter.name] <= 0:
+                del self._pinned[target.adapter.name]
 
     def generate(
         self,
@@ -219,14 +260,21 @@ class Engine:
         with self._lock:
             registry = dict(self._registry)
         for name, (_slot, adapter, _) in list(loaded.resident.items()):
-            if registry.get(name) != adapter:
+            if registry.get(name) != adapter and name not in self._pinned:
                 self._evict(loaded, name)
 
     def _load_adapter(self, loaded: LoadedBase, adapter: Adapter) -> tuple[str, Adapter, int]:
         # fp32 once resident; its file may hold a half-precision copy (conservative: count 4 B/value)
         want = adapter.nbytes * 4 // _min_element_size(adapter)
-        while loaded.resident and (len(loaded.resident) >= self.max_adapters or not self._fits(loaded, want)):
-            self._evict(loaded, next(iter(loaded.resident)))
+        while len(loaded.resident) >= self.max_adapters or not self._fits(loaded, want):
+            unpinned = [name for name in loaded.resident if name not in self._pinned]  # oldest use first
+            if not unpinned:
+                break
+            self._evict(loaded, unpinned[0])
+        if loaded.resident.keys() & self._pinned.keys() and (
+            len(loaded.resident) >= self.max_adapters or not self._fits(loaded, want)
+        ):
+            raise Busy(f"adapter {adapter.name!r} waits for a pinned adapter to be released")
         if not self._fits(loaded, want):
             raise EngineError(
                 400,

@@ -42,6 +42,10 @@ class EngineError(Exception):
         }
 
 
+class Busy(Exception):
+    """Not now: what a request needs is held by requests decoding (it waits in line, no error)."""
+
+
 def invalid(message: str, param: str | None = None, code: str = "invalid_value") -> EngineError:
     return EngineError(400, code, message, param=param)
 

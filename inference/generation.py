@@ -1,10 +1,12 @@
 """One completion: transformers' `generate` on the model as it is set (adapter on or off), token by token.
 
 `generate` itself decodes (greedy for temperature 0, else sampling with temperature and top_p, no top-k),
-so the engine's tokens are those of a plain `generate` call. A streamer receives each new token; text is
-released as soon as it cannot be the start of a stop string, and a stop string or a cancelled request
-ends generation at the next step through a stopping criterion, as does a deadline (wall clock): a
-completion cut by it ends like one cut by max_tokens, with finish_reason "length".
+so the engine's tokens are those of a plain `generate` call. A stopping criterion sees each new token
+(transformers calls it before a streamer, so a streamer would learn of a stop string one token late);
+text is released as soon as it cannot be the start of a stop string, and a stop string, a cancelled
+request or a deadline (wall clock) ends generation at that token. A completion cut by the deadline ends
+like one cut by max_tokens, with finish_reason "length". The batched path (inference.batcher) uses the
+same TextStream, so both give the same tokens and the same pieces of text.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class Completion:
 
 
 @dataclass
-class _Decoder:
+class TextStream:
     """Generated ids -> text released so far, holding back what might still become a stop string."""
 
     tokenizer: object
@@ -104,28 +106,18 @@ def generate(
     """Generate one completion of `prompt` with `model` as it is set; `on_text` gets each released piece.
     Generation stops at the next token once `cancelled` is set or time.monotonic() passes `deadline`."""
     from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
-    from transformers.generation.streamers import BaseStreamer
 
-    eos = _eos_ids(model, tokenizer)
-    decoder = _Decoder(tokenizer, sampling.stop, set() if sampling.ignore_eos else eos, on_text)
+    eos = eos_ids(model, tokenizer)
+    decoder = TextStream(tokenizer, sampling.stop, set() if sampling.ignore_eos else eos, on_text)
     generated: list[int] = []
 
-    class Streamer(BaseStreamer):
-        first = True
-
-        def put(self, value: torch.Tensor) -> None:
-            if self.first:  # generate passes the prompt first
-                self.first = False
-                return
-            for t in value.reshape(-1).tolist():
-                generated.append(t)
-                decoder.add(t)
-
-        def end(self) -> None:
-            pass
-
     class Stop(StoppingCriteria):
+        """Called once per new token (the last of `input_ids`), the first one included."""
+
         def __call__(self, input_ids, scores, **kwargs) -> torch.Tensor:
+            token = int(input_ids[0, -1])
+            generated.append(token)
+            decoder.add(token)
             done = (
                 decoder.stopped
                 or (cancelled is not None and cancelled.is_set())
@@ -144,13 +136,12 @@ def generate(
         bos_token_id=getattr(model.generation_config, "bos_token_id", None),
         use_cache=True,
     )
-    ids = torch.tensor([prompt], dtype=torch.long, device=_device(model))
+    ids = torch.tensor([prompt], dtype=torch.long, device=device_of(model))
     with torch.inference_mode():
         model.generate(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
             generation_config=config,
-            streamer=Streamer(),
             stopping_criteria=StoppingCriteriaList([Stop()]),
         )
     decoder.finish()
@@ -158,7 +149,7 @@ def generate(
     return Completion(text=decoder.text, token_ids=generated, finish_reason=reason)
 
 
-def _eos_ids(model, tokenizer) -> set[int]:
+def eos_ids(model, tokenizer) -> set[int]:
     """The model's end tokens: its generation config's (e.g. the demo's </s> and <|im_end|>), else the
     tokenizer's EOS."""
     eos = getattr(model.generation_config, "eos_token_id", None)
@@ -175,5 +166,5 @@ def _pad_id(tokenizer, eos: set[int]) -> int | None:
     return min(eos) if eos else None
 
 
-def _device(model) -> torch.device:
+def device_of(model) -> torch.device:
     return next(model.parameters()).device

@@ -2,7 +2,8 @@
 
   python -m inference.server --host 127.0.0.1 --port 8001 [--max-adapters 8] [--max-waiting 32]
                              [--timeout-seconds 120] [--generation-seconds 120] [--memory-bytes N]
-                             [--adapter-root DIR]
+                             [--adapter-root DIR] [--max-batch-tokens 2048] [--max-running 32]
+                             [--sequential]
 
 GET /health, GET /v1/models, POST /v1/chat/completions (OpenAI's shapes, SSE when stream), and vLLM's
 POST /v1/load_lora_adapter {"lora_name", "lora_path", "base_model"?} and /v1/unload_lora_adapter
@@ -14,6 +15,12 @@ With FTUNE_INFERENCE_API_KEY set (as vLLM's --api-key), every route but GET /hea
 (FTUNE_INFERENCE_GENERATION_SECONDS) of wall clock, all its choices together; the text so far is the answer,
 finish_reason "length" (what OpenAI clients know as cut short). A client that goes away, streaming or
 not, stops its generation at the next token.
+
+Requests decode together (continuous batching, inference.batcher): a request joins the running batch at
+the next step, rows of different adapters share it, and each leaves as soon as it ends. The batch's KV
+cache is bounded by --max-batch-tokens (FTUNE_INFERENCE_MAX_BATCH_TOKENS) and --max-running rows
+(FTUNE_INFERENCE_MAX_RUNNING); beyond them requests wait in the line. --sequential runs one request at a
+time with transformers' generate, as the engine did before batching (a baseline for bench/inference.py).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import asyncio
 import hmac
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -37,6 +45,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core.catalog import Catalog
 from core.errors import FtuneError, status_for
+from inference.batcher import Batcher, Chat
 from inference.engine import Engine, seed_everything
 from inference.errors import EngineError
 from inference.generation import Completion
@@ -80,8 +89,14 @@ def create_app(
     timeout_seconds: float = 120.0,
     generation_seconds: float = 120.0,
     api_key: str = "",
+    max_batch_tokens: int = 2048,
+    max_running: int = 32,
+    sequential: bool = False,
 ) -> FastAPI:
-    scheduler = Scheduler(max_waiting=max_waiting, timeout_seconds=timeout_seconds)
+    executor = (
+        None if sequential else Batcher(engine, max_batch_tokens=max_batch_tokens, max_running=max_running)
+    )
+    scheduler = Scheduler(max_waiting=max_waiting, timeout_seconds=timeout_seconds, executor=executor)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -181,7 +196,10 @@ def create_app(
                     "a request for %s was cut at its %g s generation deadline", body.model, generation_seconds
                 )
 
-        ticket = scheduler.submit(work)
+        if sequential:
+            ticket = scheduler.submit(work)
+        else:
+            ticket = scheduler.submit(Chat(target, messages, sampling, body.n, body.seed, generation_seconds))
 
         async def answer() -> Response:
             await scheduler.wait_start(ticket)
@@ -322,6 +340,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--memory-bytes", type=int, default=None, help="bound on base + adapters + buffers")
     p.add_argument("--adapter-root", type=Path, default=None, help="accept lora_path only under this dir")
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=int(os.environ.get("FTUNE_INFERENCE_MAX_BATCH_TOKENS", 2048)),
+        help="KV cache bound of the running batch: rows x their longest prompt + max_tokens",
+    )
+    p.add_argument(
+        "--max-running",
+        type=int,
+        default=int(os.environ.get("FTUNE_INFERENCE_MAX_RUNNING", 32)),
+        help="rows (choices) decoding together at most",
+    )
+    p.add_argument(
+        "--sequential", action="store_true", help="one request at a time with generate (no batching)"
+    )
     return p.parse_args(argv)
 
 
@@ -344,6 +377,9 @@ def main(argv: list[str] | None = None) -> None:
         timeout_seconds=args.timeout_seconds,
         generation_seconds=args.generation_seconds or settings.inference_generation_seconds,
         api_key=settings.inference_api_key,
+        max_batch_tokens=args.max_batch_tokens,
+        max_running=args.max_running,
+        sequential=args.sequential,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
 

@@ -161,8 +161,9 @@ def test_unknown_model_and_bad_input(client: openai.OpenAI) -> None:
 
 
 def test_beyond_max_waiting_is_429_and_the_rest_are_answered(client: openai.OpenAI) -> None:
-    """--max-waiting 2: of 8 requests sent at once while each takes a while, one runs, two wait and are
-    answered in turn, the others are refused with 429 engine_overloaded at once. None is lost, none 5xx."""
+    """--max-waiting 2: of 8 requests sent at once while each takes a while, at least the two let in line
+    are answered (more when the batch took some before the others arrived), the others are refused with
+    429 engine_overloaded at once. None is lost, none 5xx."""
     tokens = 120
 
     def ask(i: int) -> tuple[str, object]:
@@ -184,7 +185,7 @@ def test_beyond_max_waiting_is_429_and_the_rest_are_answered(client: openai.Open
         results = list(pool.map(ask, range(8)))
     kinds = [k for k, _ in results]
     assert set(kinds) <= {"ok", "429"}, kinds
-    assert kinds.count("ok") >= 3 and kinds.count("429") >= 1, kinds
+    assert kinds.count("ok") >= 2 and kinds.count("429") >= 1, kinds
     for kind, r in results:
         if kind == "ok":
             assert r.usage.completion_tokens == tokens  # type: ignore[attr-defined]
