@@ -11,14 +11,19 @@ Model of the peak (per GPU), each piece a named Term with its assumption in `not
                            branch's input copies, gradients in flight or flash attention's backward buffers,
                            QLoRA's dequantized weight
   step         paged optimizer states (paged in), AdamW temporaries, grad-norm buffers
-  reference    objective dpo (sigmoid, ipo): the reference policy's no-grad forward, which runs before the
-               policy's and keeps no activation (its largest moment: the log-probs of both sides)
-  allocated = persistent + max(fwd/bwd, step, reference)            -> max_memory_allocated
+  reference    objective dpo (sigmoid, ipo) and grpo with beta > 0: the reference policy's no-grad forward,
+               which runs before the policy's and keeps no activation (its largest moment: the log-probs)
+  rollouts     objective grpo: generate()'s sampling before the step trains, no grad: the KV cache of
+               micro_batch_size x num_generations sequences of max_seq_len, with the decode step's sampling
+               buffers or the prompts' prefill beside it (core.planner.rollouts)
+  allocated = persistent + max(rollouts, fwd/bwd, step, reference)  -> max_memory_allocated
   reserved  = allocated + the caching allocator's cached free blocks  -> max_memory_reserved
               (fragmentation, and the segments batches of varying lengths leave: core.planner.allocator)
   total     = reserved + the CUDA context                           -> what the device must have (the verdict)
 With objective dpo a micro-batch of n pairs is 2n sequences (chosen and rejected) in every term, and the
-reference's two log-probs per pair are kept through forward and backward.
+reference's two log-probs per pair are kept through forward and backward. With grpo a micro-batch of n
+prompts is n x num_generations sequences (spec.sequences_per_example), padded to max_seq_len in the worst
+case, of which only the completions (max_completion_tokens each) are scored by the loss head.
 allocated_bytes is what a run measures: max_memory_allocated on CUDA, live tensor bytes on a CPU
 (tests/training/test_planner_vs_measured.py holds it within 15% there), where reserved = allocated and
 there is no context. A phase that is not the peak is listed with 0 bytes and its size in the note, so
@@ -41,6 +46,7 @@ Modules, in reading order:
   state             persistent: base weights and trainable state
   forward_backward  fwd/bwd transients
   step              optimizer-step transients
+  rollouts          grpo's sampling phase: the KV cache and generate()'s transients
   allocator         the caching allocator (reserved beyond allocated), cuBLAS workspaces, CUDA context
   speed             time per epoch
   suggest           changes that fit, for a job that does not

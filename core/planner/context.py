@@ -53,7 +53,8 @@ class Context:
     trainable: int  # trainable parameters
     tokens: int  # per micro-batch (dpo: both sides): the data's largest, else all padded to max_seq_len
     seq_len: int  # the widest sequence of that micro-batch (eager attention's probabilities scale with it)
-    logit_tokens: int  # positions the lm_head and loss run on: the scored ones (the data's), else all
+    logit_tokens: int  # positions the lm_head and loss run on: the scored ones (the data's; grpo: the
+    #                   completions), else all
     shape: BatchShape | None  # the data's largest micro-batch, None: the worst case
     shard: str  # note suffix of the terms FSDP divides over the GPUs
     store: str  # dtype of the base weights in memory
@@ -125,6 +126,8 @@ def plan_context(
         trainable_b = sb if half_model else 4
         master, state_b = (4 if half_model else 0), 4
     worst = spec.batch.worst_case_tokens  # every sequence max_seq_len long (dpo: a pair is two)
+    # the engine scores the targets only: grpo's are the completions, at most max_completion_tokens each
+    scored = spec.batch.micro_sequences * spec.max_completion_tokens if spec.rl.enabled else worst
     return Context(
         spec=spec,
         arch=arch,
@@ -136,7 +139,7 @@ def plan_context(
         # never more than the worst case: a shape from other settings' statistics cannot raise it
         tokens=min(shape.tokens, worst) if shape else worst,
         seq_len=min(shape.seq_len, spec.max_seq_len) if shape else spec.max_seq_len,
-        logit_tokens=min(shape.targets, worst) if shape else worst,
+        logit_tokens=min(shape.targets, scored) if shape else scored,
         shape=shape,
         shard=f" / {n} GPUs (FSDP shard)" if n > 1 else "",
         store=store,

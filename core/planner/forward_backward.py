@@ -22,6 +22,7 @@ from core.planner.memory import (
     nf4_bytes,
     unpack_excess_bytes,
 )
+from core.planner.rollouts import rollout
 from core.planner.types import Term, idle
 
 NCCL_BYTES = 300 * MiB  # NCCL communicator buffers when num_gpus > 1
@@ -76,14 +77,14 @@ def forward_backward_terms(c: Context) -> list[Term]:
 
 
 def reference_terms(c: Context) -> list[Term]:
-    """Objective dpo with a reference (sigmoid, ipo): each micro-batch first runs the reference policy
-    (the adapter disabled, or the frozen starting adapter) without grad, then the policy. The no-grad
-    forward keeps no activation: a layer's tensors are freed as the next one runs; its largest moment is
-    the log-probs of both sides' completions: with the chunked head one chunk's vocab-sized buffers and
-    the scored positions' hidden states (no gradient: core.planner.memory.chunked_loss_bytes), else the
-    logits (e B per vocab entry), an fp32 copy when they are half precision, and log_softmax's fp32
-    output. Its result, two log-probs per pair, is kept through the policy's forward and backward. The
-    phase is compared with forward/backward and the step."""
+    """Objective dpo with a reference (sigmoid, ipo), and grpo with a KL term (beta > 0): each micro-batch
+    first runs the reference policy (the adapter disabled, or the frozen starting adapter) without grad,
+    then the policy. The no-grad forward keeps no activation: a layer's tensors are freed as the next one
+    runs; its largest moment is the log-probs of the completions (dpo: both sides'): with the chunked head
+    one chunk's vocab-sized buffers and the scored positions' hidden states (no gradient:
+    core.planner.memory.chunked_loss_bytes), else the logits (e B per vocab entry), an fp32 copy when they
+    are half precision, and log_softmax's fp32 output. Its result (reference_logps_term) is kept through
+    the policy's forward and backward. The phase is compared with forward/backward and the step."""
     e, arch = c.act_b, c.arch
     layer = c.tokens * e * (arch.hidden_size + 3 * arch.intermediate_size)  # a block's MLP at its widest
     if c.fused_loss:
@@ -105,7 +106,7 @@ def reference_terms(c: Context) -> list[Term]:
             name="reference forward (no activations kept)",
             bytes=max(logits, layer),
             note=(
-                f"no-grad forward of both sides: {what}"
+                f"no-grad forward of {'the sampled sequences' if c.spec.rl.enabled else 'both sides'}: {what}"
                 + ("" if logits >= layer else "; a block's MLP tensors are larger")
             ),
         )
@@ -113,6 +114,17 @@ def reference_terms(c: Context) -> list[Term]:
 
 
 def reference_logps_term(c: Context) -> Term:
+    """What the reference forward leaves for the policy's loss: dpo's summed log-prob of each side; grpo's
+    per-token log-probs of the completions, flat and as padded [sequences, longest] rows (fp32 both)."""
+    if c.spec.rl.enabled:
+        return Term(
+            name="reference log-probs",
+            bytes=2 * c.logit_tokens * 4,
+            note=(
+                f"the reference's log-prob of each of {c.logit_tokens} completion tokens (fp32), flat "
+                "and padded"
+            ),
+        )
     pairs = c.spec.micro_batch_size
     return Term(
         name="reference log-probs",
@@ -155,7 +167,7 @@ def micro_batch_sequences(c: Context) -> int:
     """Sequences in the planned micro-batch: its rows, or for packed rows an estimate of the examples in
     them (PACKED_EXAMPLE_TOKENS each, or the widest example's length when that is shorter)."""
     spec = c.spec
-    if not spec.packing:
+    if not spec.packing or spec.rl.enabled:  # grpo's are known: num_generations per prompt
         return spec.batch.micro_sequences
     return max(1, -(-c.tokens // min(PACKED_EXAMPLE_TOKENS, max(1, c.seq_len))))
 
@@ -420,6 +432,8 @@ def churn(c: Context) -> Churn:
         buffers.append(c.logit_tokens * arch.vocab_size * 4)
     if c.spec.method == "qlora":
         buffers.append(arch.largest_linear_numel * e)
+    if c.spec.rl.enabled:
+        buffers.append(rollout(c).largest_buffer)
     return Churn(
         kept_class=kept,
         kept_alive=int(kept * count * tokens * layers),

@@ -7,6 +7,7 @@ from core.planner.allocator import loss_segments_bytes, overhead_terms, workspac
 from core.planner.context import plan_context
 from core.planner.forward_backward import forward_backward_terms, reference_terms
 from core.planner.gpus import Gpu
+from core.planner.rollouts import rollout_terms
 from core.planner.speed import epoch_seconds
 from core.planner.state import persistent_terms
 from core.planner.step import step_terms
@@ -25,8 +26,9 @@ def peak_plan(
     c = plan_context(spec, arch, gpu, runtime, shape)
     persistent = persistent_terms(c) + workspace_terms(c, gpu.name)
     # The phases of a step, one at a time; the largest makes the peak, the others are listed at 0.
-    reference = spec.preference.uses_reference  # dpo's reference forward, before the policy's
+    reference = spec.preference.uses_reference  # dpo's (grpo's with beta > 0) forward, before the policy's
     phases = {
+        "rollouts": rollout_terms(c) if spec.rl.enabled else [],  # grpo samples before it trains
         "reference forward": reference_terms(c) if reference else [],
         "forward/backward": forward_backward_terms(c),
         "step": step_terms(c),

@@ -6,8 +6,10 @@ ranks what the change takes away (speed, quality, hardware, data):
   smaller micro-batch         1   same effective batch (more accumulation), lower throughput
   8-bit / paged AdamW         2   blockwise 8-bit states; near-identical quality in published results
   QLoRA instead of LoRA       3   4-bit base: slower, small quality cost (full: LoRA 3, QLoRA 4)
-  FSDP over N GPUs            4 + log2 N   more hardware
-  shorter max_seq_len         5   changes the data the model sees (truncation)
+  FSDP over N GPUs            4 + log2 N   more hardware (not grpo: its rollouts run on one GPU)
+  shorter max_seq_len         5   changes the data the model sees (truncation); grpo: shorter prompts
+  fewer generations (grpo)    5.2 smaller groups: noisier group-relative advantages
+  shorter completions (grpo)  5.4 answers cut sooner (graded truncated); max_seq_len shrinks with them
 A combination is offered only when none of its proper subsets fits (so every suggestion is minimal);
 inside one, each lever is relaxed to its mildest setting that still fits.
 """
@@ -27,6 +29,9 @@ from core.spec import JobSpec
 MAX_SUGGESTIONS = 8
 MAX_GPUS = 8
 MIN_SEQ_LEN = 128
+MIN_PROMPT_TOKENS = 64  # grpo: the prompt budget (max_seq_len - max_completion_tokens) is not cut below this
+MIN_COMPLETION_TOKENS = 16
+PROMPT = "max_prompt_tokens"  # not a JobSpec field: grpo's prompt budget, max_seq_len less the completions
 
 Option = tuple[dict[str, Any], str, float]  # change, description, cost
 
@@ -66,6 +71,8 @@ def _levers(spec: JobSpec) -> list[list[Option]]:
                 ({"method": "qlora"}, "QLoRA instead of a full fine-tune", 4.0),
             ]
         )
+    if spec.rl.enabled:
+        return levers + _rl_levers(spec)
     gpus = [g for g in (2, 4, 8) if spec.num_gpus < g <= MAX_GPUS]
     if gpus:
         levers.append([({"num_gpus": g}, f"FSDP over {g} GPUs", 4.0 + math.log2(g)) for g in gpus])
@@ -77,6 +84,52 @@ def _levers(spec: JobSpec) -> list[list[Option]]:
     if seqs:
         levers.append([({"max_seq_len": v}, f"max_seq_len {v}", 5.0 + 0.1 * i) for i, v in enumerate(seqs)])
     return levers
+
+
+def _halvings(value: int, floor: int) -> list[int]:
+    out = []
+    v = value // 2
+    while v >= floor:
+        out.append(v)
+        v //= 2
+    return out
+
+
+def _rl_levers(spec: JobSpec) -> list[list[Option]]:
+    """grpo's own levers: shorter prompts, fewer generations, shorter completions. The rollouts' KV cache
+    spans max_seq_len, so a shorter completion shortens max_seq_len with it (the prompts keep their
+    budget); PROMPT stands for that budget until `_resolve` turns it into max_seq_len."""
+    levers: list[list[Option]] = []
+    prompts = _halvings(spec.rl.max_prompt_tokens, MIN_PROMPT_TOKENS)
+    if prompts:
+        levers.append(
+            [({PROMPT: p}, f"prompts of at most {p} tokens", 5.0 + 0.1 * i) for i, p in enumerate(prompts)]
+        )
+    n = spec.num_generations
+    groups = sorted({g for g in [*_halvings(n, 2), 2] if g < n}, reverse=True)
+    if groups:
+        levers.append(
+            [({"num_generations": g}, f"num_generations {g}", 5.2 + 0.1 * i) for i, g in enumerate(groups)]
+        )
+    completions = _halvings(spec.max_completion_tokens, MIN_COMPLETION_TOKENS)
+    if completions:
+        levers.append(
+            [
+                ({"max_completion_tokens": t}, f"completions of at most {t} tokens", 5.4 + 0.1 * i)
+                for i, t in enumerate(completions)
+            ]
+        )
+    return levers
+
+
+def _resolve(spec: JobSpec, change: dict[str, Any]) -> dict[str, Any]:
+    """A grpo change of its prompt or completion budget as the JobSpec's fields: max_seq_len is their sum."""
+    if PROMPT not in change and "max_completion_tokens" not in change:
+        return change
+    change = dict(change)
+    prompt = change.pop(PROMPT, spec.rl.max_prompt_tokens)
+    change["max_seq_len"] = prompt + change.get("max_completion_tokens", spec.max_completion_tokens)
+    return change
 
 
 def suggestions(
@@ -92,7 +145,7 @@ def suggestions(
         change: dict[str, Any] = {}
         for lever, i in sorted(choice.items()):
             change.update(levers[lever][i][0])
-        return change
+        return _resolve(spec, change)
 
     def check(choice: dict[int, int]) -> tuple[bool, int]:
         key = tuple(sorted(choice.items()))
