@@ -193,6 +193,8 @@ def train(state: State) -> bool:
     parts.model.train()
     if pos.stopped_early:  # resumed from the checkpoint an early stop left
         return True
+    if pos.step == 0 and state.val_items and state.objective.evaluates_at_start:
+        run_evaluation(state)  # the baseline its later evaluations are read against
     ran = False
     while pos.step < state.total_steps:
         if stop_requested(state):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ from core.run_protocol import EXIT_OK, EXIT_STOPPED
 from tests.training.util import read_metrics
 from training.run import run
 
+REPO = Path(__file__).resolve().parents[2]
 # Rewards an answer for each "a" it has (capped): something a random tiny model's samples differ in.
 GRADER = {
     "type": "text_similarity",
@@ -23,7 +27,10 @@ GRADER = {
 
 def prompt_rows(n: int) -> list[dict[str, Any]]:
     return [
-        {"messages": [{"role": "user", "content": f"Say the letter a {i} times"}], "answer": "a" * (1 + i % 5)}
+        {
+            "messages": [{"role": "user", "content": f"Say the letter a {i} times"}],
+            "answer": "a" * (1 + i % 5),
+        }
         for i in range(n)
     ]
 
@@ -60,8 +67,9 @@ def test_a_grpo_run_records_rewards_timing_and_writes_an_adapter(make_config) ->
         assert set(rl["timing"]) == {"sampling", "grading", "training"}
         assert rl["kl"] is not None and rl["kl"] >= 0  # beta > 0: the KL to the reference
         assert 1 <= rl["completion_tokens_mean"] <= 8
-    (ev,) = [r for r in read_metrics(out / "metrics.jsonl") if r["type"] == "eval"]
-    assert ev["eval_loss"] is None and ev["rl"]["samples"] == 2
+    evals = [r for r in read_metrics(out / "metrics.jsonl") if r["type"] == "eval"]
+    assert [e["step"] for e in evals] == [0, 3]  # the baseline before the first step, then eval_every_steps
+    assert all(e["eval_loss"] is None and e["rl"]["samples"] == 2 for e in evals)
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
 
 
@@ -88,4 +96,37 @@ def test_grpo_resume_gives_the_same_rewards_as_an_uninterrupted_run(make_config)
         return [r["rl"]["reward_mean"] for r in read_metrics(o / "metrics.jsonl") if r["type"] == "step"]
 
     assert rewards(out)[-4:] == rewards(Path(whole.output_dir))
-    assert [r["loss"] for r in steps(out)][-4:] == pytest.approx([r["loss"] for r in steps(Path(whole.output_dir))], abs=1e-6)
+    assert [r["loss"] for r in steps(out)][-4:] == pytest.approx(
+        [r["loss"] for r in steps(Path(whole.output_dir))], abs=1e-6
+    )
+
+
+def test_grpo_killed_with_sigkill_resumes_to_the_rewards_of_an_uninterrupted_run(make_config) -> None:
+    """kill -9 after the checkpoint at step 2: the rerun starts from it, samples what the uninterrupted
+    run sampled at steps 3 and 4, and grades them the same."""
+    whole = grpo_config(make_config, name="whole9", max_steps=4)
+    assert run(whole) == EXIT_OK
+    killed = grpo_config(make_config, name="killed", max_steps=4, checkpoint_every_steps=2)
+    out = Path(killed.output_dir)
+    out.mkdir(parents=True)
+    run_json = out.parent / "killed-run.json"
+    run_json.write_text(killed.model_dump_json())
+    child = subprocess.Popen([sys.executable, "-m", "training.run", str(run_json)], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "metrics.jsonl").is_file() or len(steps(out)) < 3:
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        child.kill()
+        child.wait()
+    assert (
+        subprocess.run([sys.executable, "-m", "training.run", str(run_json)], cwd=REPO).returncode == EXIT_OK
+    )
+    starts = [r for r in read_metrics(out / "metrics.jsonl") if r["type"] == "start"]
+    assert starts[-1]["resumed_from_step"] == 2
+
+    def by_step(o: Path) -> dict[int, float]:
+        return {r["step"]: r["rl"]["reward_mean"] for r in steps(o)}
+
+    assert by_step(out) == by_step(Path(whole.output_dir))

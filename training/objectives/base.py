@@ -38,6 +38,9 @@ class Evaluation:
 
 
 class Objective(Protocol):
+    # Evaluate once before the first step too (grpo: the start of the validation reward curve).
+    evaluates_at_start: bool
+
     def __init__(self, ctx: Context) -> None: ...
 
     @staticmethod

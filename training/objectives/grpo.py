@@ -41,6 +41,8 @@ from training.step import Batch, StepResult, accumulate_gradients, make_batch, o
 
 
 class Grpo:
+    evaluates_at_start = True
+
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         rl = ctx.spec.rl

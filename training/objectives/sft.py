@@ -14,6 +14,8 @@ from training.step import StepResult
 
 
 class Sft:
+    evaluates_at_start = False
+
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
 
