@@ -74,6 +74,12 @@ def test_create_with_every_hyperparameter_runs_and_reports_rewards(rft: Any) -> 
     assert native.get(f"/jobs/{job.id}").json()["spec"]["num_generations"] == 2
     done = wait_for(sdk, job.id, {"succeeded"}, timeout=400)
     assert done.fine_tuned_model
+    # the result answers through chat completions (`ftune up`'s engine), as a supervised job's does
+    question = [{"role": "user", "content": "What is the capital of France? Answer with the city only."}]
+    reply = sdk.chat.completions.create(
+        model=done.fine_tuned_model, messages=question, max_tokens=6, temperature=0
+    )
+    assert reply.model == done.fine_tuned_model and reply.usage and reply.usage.completion_tokens > 0
     events = sdk.fine_tuning.jobs.list_events(job.id, limit=100).data
     metrics = sorted((e.data for e in events if e.type == "metrics"), key=lambda d: d["step"])
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
