@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.pulls import HubPulls
 from api.queue import broker_publishers, redis_ping
 from api.ratelimit import RateLimiter
 from core.catalog import Catalog
@@ -44,9 +45,11 @@ class Services:
     uploads: TenantGate = field(init=False)
     chats: TenantGate = field(init=False)  # the engine is shared: a tenant's chat completions at once
     grader_runs: TenantGate = field(init=False)  # /v1 graders/run: sandbox children, judge requests
+    pulls: HubPulls = field(init=False)  # POST /models/pull: this process's Hub pulls and their progress
 
     def __post_init__(self) -> None:
         self.placer = Placer(self.catalog)
+        self.pulls = HubPulls(self.settings.models_dir)
         self.measurements = measurement_gate(self.settings)
         self.uploads = TenantGate(
             what="uploads",

@@ -36,6 +36,18 @@ def cmd_api(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inference(args: argparse.Namespace) -> int:
+    """The inference engine alone, as docker-compose runs it beside the API: `python -m inference.server`
+    with its own flags, and (as `ftune up` starts it) only adapters under the job directories loadable."""
+    from inference.server import main as serve
+
+    engine_args = list(args.engine_args)
+    if not any(a.split("=")[0] == "--adapter-root" for a in engine_args):
+        engine_args += ["--adapter-root", str(get_settings().data_dir / "jobs")]
+    serve(engine_args)
+    return 0
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = get_settings()
     if not settings.redis_url:
@@ -243,6 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--host")
     api.add_argument("--port", type=int)
     api.set_defaults(fn=cmd_api)
+    # The engine's flags are its own (python -m inference.server --help): passed through as they are.
+    sub.add_parser(
+        "inference",
+        add_help=False,
+        help="serve the inference engine alone (chat completions); flags: python -m inference.server --help",
+    ).set_defaults(fn=cmd_inference)
     worker = sub.add_parser("worker", help="run a Celery worker (needs FTUNE_REDIS_URL)")
     worker.add_argument("--concurrency", type=int, help="jobs at once (one per GPU)")
     worker.add_argument(
@@ -298,5 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     # adapters, the broker's files) is for this user alone: directories 0700, files 0600. Children
     # (workers, training, the broker) inherit the mask.
     os.umask(0o077)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "inference":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.engine_args = rest
     return int(args.fn(args) or 0)

@@ -61,6 +61,33 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 Progress = Callable[[str], None]
 
 
+@dataclass
+class PullProgress:
+    """Where a pull stands, updated in place by the pulling thread and read by others (the API's progress
+    route): plain attribute writes, so a reader sees each field whole, never a torn value."""
+
+    stage: str = "resolving"  # resolving -> checking -> downloading -> registering -> done
+    commit_sha: str | None = None
+    file: str | None = None  # the file being fetched now
+    files_done: int = 0
+    files_total: int = 0
+    bytes_total: int = 0  # of the files to fetch, as the Hub listed them (known from "downloading" on)
+    bytes_before: int = 0  # of the files already complete
+    file_bytes: int = 0  # the current file's size
+    staging: Path | None = None
+
+    @property
+    def bytes_done(self) -> int:
+        """Complete files, plus what of the current one is on disk: huggingface_hub writes it in 10 MB
+        chunks to `<staging>/.cache/huggingface/download/*.incomplete` (without one, it moves per file)."""
+        partial = 0
+        if self.file is not None and self.staging is not None:
+            with suppress(OSError):
+                found = (self.staging / ".cache" / "huggingface" / "download").rglob("*.incomplete")
+                partial = max((f.stat().st_size for f in found), default=0)
+        return self.bytes_before + min(partial, self.file_bytes)
+
+
 @dataclass(frozen=True)
 class PulledModel:
     name: str
@@ -82,13 +109,16 @@ def pull(
     revision: str | None = None,
     force: bool = False,
     say: Progress | None = None,
+    progress: PullProgress | None = None,
 ) -> PulledModel:
     """Download `repo_id` at `revision` (default: main) into models_dir/<repo_id> and return it.
 
     Raises FtuneError subclasses only, each with a message for people: unsupported architectures, custom
     code, no safetensors, an unreachable Hub (with the settings to change), a repo or revision not found.
-    `say` gets a line per step and per file; huggingface_hub draws its byte progress bars on a terminal."""
+    `say` gets a line per step and per file; huggingface_hub draws its byte progress bars on a terminal;
+    `progress`, when given, is kept up to date (stage, file, bytes) for a caller that polls it."""
     say = say or (lambda _msg: None)
+    progress = progress or PullProgress()
     if not MODEL_NAME_RE.match(repo_id) or ".." in repo_id:
         raise InvalidInput(f"not a Hub model id: {repo_id!r} (expected org/name)", param="repo_id")
     endpoint = hub_endpoint()
@@ -103,7 +133,7 @@ def pull(
     staging_root.mkdir(parents=True, exist_ok=True)
     with _lock(staging_root / (repo_id.replace("/", "--") + ".lock"), repo_id):
         try:
-            return _pull(repo_id, models_dir, target, revision, force, endpoint, say)
+            return _pull(repo_id, models_dir, target, revision, force, endpoint, say, progress)
         except FtuneError:
             raise
         except Exception as exc:
@@ -118,6 +148,7 @@ def _pull(
     force: bool,
     endpoint: str,
     say: Progress,
+    progress: PullProgress,
 ) -> PulledModel:
     from huggingface_hub import HfApi, hf_hub_download
 
@@ -127,6 +158,7 @@ def _pull(
     if not sha:
         raise Unavailable(f"{endpoint} did not say which commit {repo_id}@{revision} is", code="hub_error")
     listed = {s.rfilename: s.size for s in info.siblings or []}
+    progress.commit_sha = sha
     say(f"revision {revision or 'main'} is commit {sha}")
     _refuse_without_safetensors(repo_id, listed)
 
@@ -135,6 +167,7 @@ def _pull(
         if record and record.get("commit_sha") == sha:
             say(f"{repo_id} at {sha} is already in {target}")
             kept = {f: listed.get(f) for f in record.get("files", {})}
+            progress.stage = "done"
             return PulledModel(repo_id, target, sha, kept, already_present=True)
         if not force:
             held = f"commit {record.get('commit_sha')}" if record else "a model not pulled by ftune"
@@ -144,6 +177,7 @@ def _pull(
             )
 
     staging = models_dir / STAGING_DIR / repo_id.replace("/", "--") / sha
+    progress.stage, progress.staging = "checking", staging
 
     def fetch(filename: str) -> Path:
         return Path(
@@ -167,19 +201,23 @@ def _pull(
     texts = [f for f in sorted(listed) if f in TOKENIZER_FILES or f in OTHER_FILES]
     total = sum(listed.get(f) or 0 for f in texts + shards)
     say(f"downloading {len(texts + shards)} files, {_size(total)} (safetensors weights only) to {staging}")
+    progress.files_total, progress.bytes_total, progress.stage = len(texts + shards), total, "downloading"
     done = 0
     for i, filename in enumerate(texts + shards, 1):
         if filename == shards[0]:  # the tokenizer is in: no custom code there either, before the weights
             tokenizer_config = staging / "tokenizer_config.json"
             if tokenizer_config.is_file() and "auto_map" in _read_json(tokenizer_config):
                 raise _custom_code(repo_id, "tokenizer_config.json")
+        progress.file_bytes, progress.file = listed.get(filename) or 0, filename
         fetch(filename)
         done += listed.get(filename) or 0
+        progress.bytes_before, progress.files_done, progress.file = done, i, None
         share = f"{100 * done / total:.0f}%" if total else "?"
         size = _size(listed.get(filename) or 0)
         say(f"  [{i}/{len(texts + shards)}] {filename}  {size}  ({share} of {_size(total)})")
 
     files = [CONFIG, *([WEIGHTS_INDEX] if WEIGHTS_INDEX in listed else []), *texts, *shards]
+    progress.stage = "registering"
     with atomic_dir(target) as tmp:
         for filename in files:
             os.replace(staging / filename, tmp / filename)
@@ -195,6 +233,7 @@ def _pull(
     shutil.rmtree(staging, ignore_errors=True)
     with suppress(OSError):
         staging.parent.rmdir()  # when no other revision of the repo is half-pulled there
+    progress.stage = "done"
     say(f"registered {repo_id} at {target} (commit {sha})")
     return PulledModel(repo_id, target, sha, {f: listed.get(f) for f in files})
 

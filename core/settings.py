@@ -22,6 +22,10 @@ class Settings(BaseSettings):
     redis_url: str = ""
     # Also search the local Hugging Face cache for base models (never downloads).
     hf_cache_dir: Path | None = None
+    # POST /models/pull (admins; the dashboard's "Pull a model"): the API may download base models from the
+    # Hub (HF_ENDPOINT, HF_TOKEN) into models_dir. Off: 403 hub_pull_disabled (`ftune models pull`, run by an
+    # operator on the machine, is not affected). HF_HUB_OFFLINE=1 stops any attempt either way.
+    hub_pull_enabled: bool = True
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000

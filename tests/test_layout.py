@@ -75,6 +75,55 @@ def test_compose_services_run_real_commands() -> None:
         )
 
 
+def test_compose_runs_the_inference_engine_beside_the_api() -> None:
+    """No Docker engine here: the file is read. The engine runs `ftune inference` with flags the engine
+    takes, is healthy when its /health answers, reads models and adapters without writing them, and the
+    API waits for it and reaches it (URL and key) by default; the workers know it too."""
+    from inference.server import parse_args
+
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    engine = services["inference"]
+    cmd = engine["command"]
+    args, rest = build_parser().parse_known_args(cmd[1:])
+    assert cmd[0] == "ftune" and args.command == "inference"
+    flags = parse_args(rest)  # exits (fails the test) on a flag the engine does not know
+    assert flags.host == "0.0.0.0"
+
+    probe = " ".join(engine["healthcheck"]["test"])
+    assert f"http://127.0.0.1:{flags.port}/health" in probe
+    assert engine["restart"] == "unless-stopped"
+    mounts = {v.split(":")[1]: v for v in engine["volumes"]}
+    assert mounts["/data"].endswith(":ro") and mounts["/models"].endswith(":ro")
+    assert engine["environment"]["FTUNE_DATA_DIR"] == "/data"
+    assert engine["environment"]["FTUNE_MODELS_DIR"] == "/models"
+    assert engine["environment"]["HF_HUB_OFFLINE"] == "1"  # no download at run time
+    assert "ports" not in engine  # only the compose network reaches it
+    assert engine["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+
+    key = engine["environment"]["FTUNE_INFERENCE_API_KEY"]
+    assert key.startswith("${FTUNE_INFERENCE_API_KEY:?")  # from the operator's environment, never a literal
+    for name in ("api", "worker", "cpu-worker"):
+        env = services[name]["environment"]
+        assert env["FTUNE_INFERENCE_URL"] == f"http://inference:{flags.port}", name
+        assert env["FTUNE_INFERENCE_API_KEY"] == key, name
+    assert services["api"]["depends_on"]["inference"] == {"condition": "service_healthy"}
+
+    # The API writes pulled models (POST /models/pull) unless pulls are off; the workers only read them.
+    api_mounts = {v.split(":")[1]: v for v in services["api"]["volumes"]}
+    pulls_on = str(services["api"]["environment"].get("FTUNE_HUB_PULL_ENABLED", "true")).lower() == "true"
+    assert api_mounts["/models"].endswith(":ro") != pulls_on
+    assert {v.split(":")[1]: v for v in services["worker"]["volumes"]}["/models"].endswith(":ro")
+
+
+def test_the_image_holds_the_engine_and_not_the_local_environment() -> None:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "pip install --no-cache-dir -e ." in dockerfile and "8001" in dockerfile
+    text = (REPO / "pyproject.toml").read_text()
+    assert '"inference*"' in text  # the package the engine is, installed with the project
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert {".venv", "var", ".git"} <= set(ignored)
+
+
 def test_console_script_is_declared() -> None:
     text = (REPO / "pyproject.toml").read_text()
     assert 'ftune = "cli.main:main"' in text

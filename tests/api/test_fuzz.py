@@ -59,6 +59,7 @@ def fuzz_app(tmp_path: Path, sqlite_url: str) -> Iterator[FastAPI]:
         rate_limit_per_minute=1_000_000,  # the fuzz is one fast client; 429s would hide the rest
         upload_idle_timeout_seconds=5,
         plan_gpu="24GB",  # a configured deployment: /plan without a fleet would be a (documented) 503
+        hub_pull_enabled=False,  # POST /models/pull answers its documented 403: no download from the Hub
     )
     # Ready statistics (of the shape training.token_stats prints), so job bodies carry numbers too.
     stats = {"status": "ready", "source": "job_created", "count": 5, "p50": 20, "p95": 24, "max": 24}

@@ -3,7 +3,8 @@
 It answers what huggingface_hub asks of a model repo (read from its source: hf_api.model_info and
 file_download.get_hf_file_metadata / http_get): model info with siblings and the resolved commit sha, and
 HEAD/GET on /<repo>/resolve/<revision>/<file> with X-Repo-Commit, ETag and Content-Length, with Range for
-resumes. Every request is recorded, and a file's download can be cut midway to play a dropped connection.
+resumes. Every request is recorded, and a file's download can be cut midway to play a dropped connection,
+or held midway to watch a pull's progress.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class HubDouble:
     # A GET of this file sends half of it and hangs up; later requests for it get 503 until it is cleared.
     break_file: str | None = None
     _broken: bool = False
+    # A GET of this file sends half of it, then waits for `resume` (at most 60 s) before the rest.
+    stall_file: str | None = None
+    resume: threading.Event = field(default_factory=threading.Event)
     url: str = ""
 
     def add(self, repo_id: str, files: dict[str, bytes], ref: str = "main") -> str:
@@ -108,6 +112,16 @@ def _handler(hub: HubDouble) -> type[BaseHTTPRequestHandler]:
                 headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
             if not body:
                 return self._send(200, b"", {**headers, "Content-Length": str(len(data))}, head=True)
+            if name == hub.stall_file and not start:
+                self.send_response(200)
+                for k, v in {**headers, "Content-Length": str(len(data))}.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data[: len(data) // 2])
+                self.wfile.flush()
+                hub.resume.wait(60)
+                self.wfile.write(data[len(data) // 2 :])
+                return
             if name == hub.break_file and not hub._broken:
                 hub._broken = True
                 self.send_response(200)
