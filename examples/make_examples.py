@@ -1,5 +1,6 @@
-"""Write examples/alpaca_small.jsonl, examples/chat_small.jsonl, examples/preference_small.jsonl and
-examples/rft_small.jsonl (deterministic: same output every run).
+"""Write examples/alpaca_small.jsonl, examples/chat_small.jsonl, examples/preference_small.jsonl,
+examples/rft_small.jsonl and the reinforcement toy's toy_words_sft.jsonl and toy_words_rft.jsonl
+(deterministic: same output every run).
 
 .venv/bin/python examples/make_examples.py
 """
@@ -224,6 +225,31 @@ def reinforcement(rng: random.Random) -> list[dict[str, Any]]:
     return [{"messages": [turn("user", r["q"])], "answer": r["answer"]} for r in rows]
 
 
+TOY_WORDS = ["yes", "no", "cat", "dog", "sun"]
+TOY_HEADS = [
+    "Reply with the word {w}.",
+    "Say {w}.",
+    "Answer: {w}",
+    "Write {w} and stop.",
+    "The word is {w}. Repeat it.",
+]
+TOY_TAILS = ["", " Thanks!", " Only one word.", " Be brief."]
+
+
+def toy_words(rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The reinforcement toy (examples/rft_toy.py): 100 prompts asking for one of five words. The SFT
+    file teaches the answer's form with a random word of the five (so the tuned model answers a word,
+    the right one a fifth of the time); reinforcement with an exact-match grader then teaches which."""
+    prompts = [(h.format(w=w) + t, w) for h in TOY_HEADS for t in TOY_TAILS for w in TOY_WORDS]
+    sft = [
+        {"messages": [turn("user", q), turn("assistant", rng.choice(TOY_WORDS))]}
+        for q, _ in prompts
+        for _ in range(2)
+    ]
+    rft = [{"messages": [turn("user", q)], "answer": w} for q, w in prompts]
+    return sft, rft
+
+
 def write(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     print(f"wrote {len(rows)} examples to {path}")
@@ -234,6 +260,9 @@ def main() -> None:
     write(HERE / "chat_small.jsonl", chat(random.Random(11)))
     write(HERE / "preference_small.jsonl", preference(random.Random(13)))
     write(HERE / "rft_small.jsonl", reinforcement(random.Random(17)))
+    toy_sft, toy_rft = toy_words(random.Random(0))
+    write(HERE / "toy_words_sft.jsonl", toy_sft)
+    write(HERE / "toy_words_rft.jsonl", toy_rft)
 
 
 if __name__ == "__main__":

@@ -101,12 +101,24 @@ def metrics_events(job: Job, storage: Storage) -> list[tuple[float, FineTuningJo
     """One event per logged step: step, train_loss, train_mean_token_accuracy (the share of the step's
     target tokens whose argmax prediction is right; null for dpo), and valid_loss /
     valid_mean_token_accuracy at steps that were evaluated; a dpo job adds train_/valid_ rewards_chosen,
-    rewards_rejected, rewards_margin, rewards_accuracy and logps."""
+    rewards_rejected, rewards_margin, rewards_accuracy and logps; a reinforcement job adds scores, errors,
+    timing and usage (reinforcement_metrics), and one event at step 0 for its evaluation before training
+    (the baseline)."""
     records = read_records(storage.metrics_path(job.id))
     evals = {r.step: r for r in records if isinstance(r, EvalRecord)}
     started = [e.created_at for e in job.events if e.kind == "training_started"]
     origin: datetime = started[0] if started else job.created_at
     out = []
+    baseline = evals.get(0)
+    if baseline is not None and baseline.rl is not None:
+        at = origin.timestamp()
+        data0 = {"step": 0, "scores": {"valid_reward_mean": baseline.rl.reward_mean}}
+        message = f"Step 0: valid reward mean={baseline.rl.reward_mean}"
+        event = FineTuningJobEvent(
+            id=f"ftevent-{job.id[:8]}-step-0", created_at=int(at), level="info", message=message,
+            type="metrics", data=data0 | {"errors": dict(baseline.rl.errors)},
+        )  # fmt: skip
+        out.append((at, event))
     for r in records:
         if not isinstance(r, StepRecord):
             continue

@@ -82,7 +82,8 @@ def test_create_with_every_hyperparameter_runs_and_reports_rewards(rft: Any) -> 
     assert reply.model == done.fine_tuned_model and reply.usage and reply.usage.completion_tokens > 0
     events = sdk.fine_tuning.jobs.list_events(job.id, limit=100).data
     metrics = sorted((e.data for e in events if e.type == "metrics"), key=lambda d: d["step"])
-    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3, 4]  # 0: the evaluation before training
+    assert set(metrics.pop(0)["scores"]) == {"valid_reward_mean"}
     for m in metrics:
         assert 0 <= m["scores"]["train_reward_mean"] <= 1
         assert set(m["timing"]["step"]) >= {"sampling", "grading", "training", "full_iteration"}
