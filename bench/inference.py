@@ -1,24 +1,26 @@
-"""The inference engine under a burst of concurrent requests, beside plain transformers `generate`.
+"""The inference engine under 1, 4 and 16 concurrent clients: batched (continuous batching) beside the
+engine before batching (`--sequential`: one request at a time with transformers' generate), in one run.
 
-    .venv/bin/python bench/inference.py [--requests 50] [--adapters 4] [--max-tokens 32] [--max-waiting 32]
+    .venv/bin/python bench/inference.py [--clients 1,4,16] [--adapters 3] [--max-tokens 32]
+                                        [--requests-per-client 2] [--min-requests 8] [--engine-threads N]
 
 Builds the demo model and `--adapters` LoRA adapters (rank 8 on every linear, random weights) in a temp
-dir, starts `python -m inference.server` on them, registers the adapters with /v1/load_lora_adapter and
-warms each model once (first loads are not timed). Then `--requests` chat completions are sent at once,
-spread over the base and the adapters, each generating exactly `--max-tokens` tokens (greedy, vLLM's
-ignore_eos), so every request is the same work. Beyond the engine's `--max-waiting` a request is refused
-with 429 (counted, not retried); the engine runs with `--timeout-seconds` (default 600 here, so a queued
-request on a slow machine is answered rather than timed out). Latency is from send to answer.
-Then the same requests run one after another through plain `generate` in this process, the engine
-stopped: the base model for the base's, a peft model of its own for each adapter's (min_new_tokens =
-max_new_tokens: the same number of tokens).
-Prints what it measured; exits 1 if a request was lost or answered 5xx.
+dir. For each mode it starts `python -m inference.server` on them, registers the adapters with
+/v1/load_lora_adapter and warms each model once (first loads are not timed). Then, for each client count
+C, C clients each send chat completions one after another (closed loop) until `max(C x
+--requests-per-client, --min-requests)` are answered, the requests cycling over the base and the adapters
+(so a batch mixes adapters), each generating exactly `--max-tokens` tokens (greedy, vLLM's ignore_eos).
+Aggregate tokens/s = the tokens answered / the level's wall clock; latency is from send to answer.
+Prints the table and the goals (16 clients >= 4x the tokens/s of 1 client; a lone request no slower than
+the sequential engine's); exits 1 if a request failed. The machine's load average is printed beside: on a
+shared machine the numbers move with it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import socket
 import statistics
@@ -38,11 +40,12 @@ from training.demo import build_demo_model  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 BASE = "ftune-demo"
+MODES = {"sequential": ["--sequential"], "batched": []}
 
 
-def prompts(n: int) -> list[str]:
+def prompts() -> list[str]:
     lines = (REPO / "training" / "demo_corpus.txt").read_text().splitlines()
-    return [lines[(2 * i) % len(lines)] for i in range(n)]
+    return [line for line in lines if line.strip()][:64]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -51,21 +54,24 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def start_engine(
-    models_dir: Path, tmp: Path, max_waiting: int, timeout: float
+    models_dir: Path, tmp: Path, extra: list[str], threads: int | None
 ) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "FTUNE_MODELS_DIR": str(models_dir), "FTUNE_HF_CACHE_DIR": str(tmp / "no-hf")}
-    cmd = [sys.executable, "-m", "inference.server", "--port", str(port)]
-    cmd += ["--max-waiting", str(max_waiting), "--timeout-seconds", str(timeout)]
-    log = (tmp / "engine.log").open("w")
+    env.pop("FTUNE_INFERENCE_API_KEY", None)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    cmd = [sys.executable, "-m", "inference.server", "--port", str(port), "--max-waiting", "256"]
+    cmd += ["--timeout-seconds", "600", "--generation-seconds", "600", *extra]
+    log = (tmp / f"engine-{port}.log").open("w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit((tmp / "engine.log").read_text()[-3000:])
+            raise SystemExit((tmp / f"engine-{port}.log").read_text()[-3000:])
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                 return proc, url
@@ -86,121 +92,116 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
     try:
         r = await client.post(f"{url}/v1/chat/completions", json=body)
     except httpx.HTTPError as e:
-        return {"status": "lost", "error": repr(e)}
-    out = {"status": r.status_code, "seconds": time.monotonic() - started}
-    if r.status_code == 200:
-        out["tokens"] = r.json()["usage"]["completion_tokens"]
-    else:
-        out["code"] = r.json()["error"]["code"]
-    return out
+        return {"ok": False, "error": repr(e)}
+    if r.status_code != 200:
+        return {"ok": False, "error": f"{r.status_code} {r.text[:200]}"}
+    return {
+        "ok": True,
+        "seconds": time.monotonic() - started,
+        "tokens": r.json()["usage"]["completion_tokens"],
+    }
 
 
-async def burst(url: str, jobs: list[tuple[str, str]], max_tokens: int) -> tuple[list[dict], float]:
-    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=len(jobs))) as client:
-        started = time.monotonic()
-        results = await asyncio.gather(*(one_request(client, url, m, p, max_tokens) for m, p in jobs))
-        return list(results), time.monotonic() - started
+async def level(url: str, models: list[str], clients: int, total: int, max_tokens: int) -> dict:
+    """`clients` closed-loop clients answering `total` requests together."""
+    texts = prompts()
+    numbers = itertools.count()
+    results: list[dict] = []
 
-
-def plain_generate(
-    model_dir: Path, adapters: dict[str, Path], jobs: list[tuple[str, str]], max_tokens: int
-) -> tuple[list[float], int, float]:
-    """The same requests through transformers' generate, one after another: the base model for the base's,
-    a peft model (PeftModel.from_pretrained on its own copy of the base) for each adapter's."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from training.model import load_tokenizer
-
-    def base():
-        return AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
-
-    tokenizer = load_tokenizer(model_dir)
-    models = {BASE: base().eval()}
-    models |= {name: PeftModel.from_pretrained(base(), path).eval() for name, path in adapters.items()}
-    latencies, tokens = [], 0
-    started = time.monotonic()
-    for name, prompt in jobs:
-        t0 = time.monotonic()
-        messages = [{"role": "user", "content": prompt}]
-        ids = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
-        with torch.inference_mode():
-            out = models[name].generate(
-                **ids,
-                max_new_tokens=max_tokens,
-                min_new_tokens=max_tokens,
-                do_sample=False,
-                pad_token_id=tokenizer.pad_token_id,
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        while (i := next(numbers)) < total:
+            results.append(
+                await one_request(client, url, models[i % len(models)], texts[i % len(texts)], max_tokens)
             )
-        tokens += out.shape[1] - ids["input_ids"].shape[1]
-        latencies.append(time.monotonic() - t0)
-    return latencies, tokens, time.monotonic() - started
+
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=clients)) as client:
+        started = time.monotonic()
+        await asyncio.gather(*(client_loop(client) for _ in range(clients)))
+        wall = time.monotonic() - started
+    ok = [r for r in results if r["ok"]]
+    latencies = [r["seconds"] for r in ok]
+    return {
+        "clients": clients,
+        "answered": len(ok),
+        "failed": [r["error"] for r in results if not r["ok"]],
+        "tokens": sum(r["tokens"] for r in ok),
+        "wall": wall,
+        "tokens_per_s": sum(r["tokens"] for r in ok) / wall,
+        "p50": statistics.median(latencies) if latencies else float("nan"),
+        "p95": percentile(latencies, 0.95) if latencies else float("nan"),
+    }
+
+
+def run_mode(mode: str, model_dir: Path, tmp: Path, names: list[str], dirs: list[Path], args) -> list[dict]:
+    proc, url = start_engine(model_dir.parent, tmp, MODES[mode], args.engine_threads)
+    try:
+        for name, d in zip(names, dirs, strict=True):
+            r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(d)})
+            r.raise_for_status()
+        models = [BASE, *names]
+        asyncio.run(level(url, models, len(models), len(models), 4))  # warm-up: every model loaded once
+        rows = []
+        for clients in args.clients:
+            total = max(clients * args.requests_per_client, args.min_requests)
+            rows.append({"mode": mode, **asyncio.run(level(url, models, clients, total, args.max_tokens))})
+            print(f"  {mode:10} {clients:>3} clients: {rows[-1]['tokens_per_s']:.1f} tokens/s", flush=True)
+        return rows
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--requests", type=int, default=50)
-    p.add_argument("--adapters", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--max-waiting", type=int, default=32)
-    p.add_argument("--timeout-seconds", type=float, default=600)
+    p.add_argument("--clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 4, 16])
+    p.add_argument("--adapters", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--requests-per-client", type=int, default=2)
+    p.add_argument("--min-requests", type=int, default=8)
+    p.add_argument("--engine-threads", type=int, default=None, help="OMP_NUM_THREADS of the engine")
+    p.add_argument("--modes", default="sequential,batched")
     args = p.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="ftune-bench-inference-"))
     model_dir = build_demo_model(tmp / "models")
     names = [f"ft:{BASE}:bench::a{i}" for i in range(args.adapters)]
     dirs = [save_random_adapter(model_dir, tmp / f"a{i}", i, 8, TARGETS) for i in range(args.adapters)]
-    models = [BASE, *names]
-    jobs = [(models[i % len(models)], text) for i, text in enumerate(prompts(args.requests))]
+    load_before = os.getloadavg()[0]
+    rows = []
+    for mode in args.modes.split(","):
+        rows += run_mode(mode, model_dir, tmp, names, dirs, args)
+    load_after = os.getloadavg()[0]
 
-    proc, url = start_engine(tmp / "models", tmp, args.max_waiting, args.timeout_seconds)
-    try:
-        for name, d in zip(names, dirs, strict=True):
-            r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(d)})
-            r.raise_for_status()
-        for m in models:  # warm-up: base and adapters loaded before timing
-            asyncio.run(burst(url, [(m, "warm up")], 4))
-        results, wall = asyncio.run(burst(url, jobs, args.max_tokens))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-    ok = [r for r in results if r["status"] == 200]
-    refused = [r for r in results if r["status"] == 429 and r["code"] == "engine_overloaded"]
-    lost = [r for r in results if r["status"] == "lost"]
-    server_errors = [r for r in results if isinstance(r["status"], int) and r["status"] >= 500]
-    other = [r for r in results if r not in ok + refused + lost + server_errors]
-    engine_tokens = sum(r["tokens"] for r in ok)
-    latencies = [r["seconds"] for r in ok]
-
-    plain_lat, plain_tokens, plain_wall = plain_generate(
-        model_dir, dict(zip(names, dirs, strict=True)), jobs, args.max_tokens
-    )
-
+    threads = args.engine_threads or "default"
     print(
-        f"\n{args.requests} chat completions sent at once over {BASE} and {args.adapters} LoRA adapters "
-        f"(r=8, all linears), {args.max_tokens} tokens each, greedy; engine --max-waiting "
-        f"{args.max_waiting}; {os.cpu_count()} CPU cores"
+        f"\n{BASE} and {args.adapters} LoRA adapters (r=8, all linears) in turn, {args.max_tokens} tokens "
+        f"per request, greedy; closed-loop clients; {os.cpu_count()} CPU cores, engine threads {threads}, "
+        f"load average {load_before:.1f} -> {load_after:.1f}"
     )
-    cols = ["answered", "429", "5xx", "lost", "p50 s", "p95 s", "tokens/s"]
-    print(f"{'':44}" + "".join(f"{c:>9}" for c in cols))
-    engine_row = [len(ok), len(refused), len(server_errors), len(lost)]
-    engine_row += [f"{statistics.median(latencies):.2f}", f"{percentile(latencies, 0.95):.2f}"]
-    engine_row += [f"{engine_tokens / wall:.1f}"]
-    print(f"{'engine (HTTP, 1 generation thread)':44}" + "".join(f"{c:>9}" for c in engine_row))
-    plain_row = [len(plain_lat), "-", "-", "-", f"{statistics.median(plain_lat):.2f}"]
-    plain_row += [f"{percentile(plain_lat, 0.95):.2f}", f"{plain_tokens / plain_wall:.1f}"]
-    print(f"{'plain generate (peft per adapter), in turn':44}" + "".join(f"{c:>9}" for c in plain_row))
-    print(
-        f"engine: {engine_tokens} tokens in {wall:.2f} s wall (latency includes the wait in line); "
-        f"plain: {plain_tokens} tokens in {plain_wall:.2f} s (latency: one generate alone)"
-    )
-    if other:
-        print(f"other answers: {[(r['status'], r.get('code')) for r in other]}")
-    return 1 if lost or server_errors or other else 0
+    cols = ["clients", "requests", "tokens/s", "p50 s", "p95 s", "x 1 client"]
+    print(f"{'engine':12}" + "".join(f"{c:>11}" for c in cols))
+    one = {r["mode"]: r["tokens_per_s"] for r in rows if r["clients"] == min(args.clients)}
+    for r in rows:
+        cells = [
+            r["clients"],
+            r["answered"],
+            f"{r['tokens_per_s']:.1f}",
+            f"{r['p50']:.2f}",
+            f"{r['p95']:.2f}",
+        ]
+        cells.append(f"{r['tokens_per_s'] / one[r['mode']]:.2f}")
+        print(f"{r['mode']:12}" + "".join(f"{c:>11}" for c in cells))
+    by = {(r["mode"], r["clients"]): r for r in rows}
+    if ("batched", 16) in by and ("batched", 1) in by:
+        gain = by["batched", 16]["tokens_per_s"] / by["batched", 1]["tokens_per_s"]
+        print(f"batched, 16 clients vs 1: {gain:.2f}x aggregate tokens/s (goal >= 4x)")
+    if ("batched", 1) in by and ("sequential", 1) in by:
+        b, s = by["batched", 1]["p50"], by["sequential", 1]["p50"]
+        print(f"a lone request (1 client), p50: batched {b:.2f} s vs sequential {s:.2f} s (goal: no slower)")
+    failed = [e for r in rows for e in r["failed"]]
+    if failed:
+        print(f"failed requests: {failed[:5]}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

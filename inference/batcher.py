@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 import torch
 
 from core.data.examples import Message
-from inference.engine import BASE_ROWS, Engine, LoadedBase, Target
+from inference.engine import Engine, LoadedBase, Target
 from inference.errors import Busy, EngineError
 from inference.generation import Completion, Sampling, TextStream, device_of, eos_ids
 from inference.kv import BatchCache, mergeable
+from inference.lora_rows import AdapterRows
 from inference.sampler import next_tokens, row_generator
-from inference.scheduler import DONE, Ticket
+from inference.scheduler import DONE, Outbox, Ticket
 
 log = logging.getLogger("ftune.inference")
 
@@ -93,6 +94,8 @@ class Batcher:
         self._cache = BatchCache()
         self._loaded: LoadedBase | None = None  # the base the jobs run on
         self._alone = False  # the base's cache cannot be batched: one row at a time
+        self._adapters = AdapterRows()
+        self._out = Outbox()  # events of an admission or a step, handed over at its end
         self.steps = 0  # decoding steps run (for tests)
 
     @property
@@ -107,6 +110,12 @@ class Batcher:
     def admit(self, ticket: Ticket) -> bool:
         """Start this request now (True), or leave it waiting (False: no room, another base, its adapter's
         place held). EngineError for a request refused outright."""
+        try:
+            return self._admit(ticket)
+        finally:
+            self._out.flush()
+
+    def _admit(self, ticket: Ticket) -> bool:
         request: Chat = ticket.work
         if any(job.queued for job in self._jobs):
             return False
@@ -126,7 +135,7 @@ class Batcher:
         job = _Job(ticket, request, prompt, sampling, slot, deadline, eos, list(range(request.n)), request.n)
         self._loaded = loaded
         self._jobs.append(job)
-        ticket.emit(("ready", len(prompt)))
+        self._out.put(ticket, ("ready", len(prompt)))
         self._start_rows(job)
         return True
 
@@ -168,7 +177,7 @@ class Batcher:
         ticket = job.ticket
 
         def emit(text: str) -> None:
-            ticket.emit(("delta", choice, text))
+            self._out.put(ticket, ("delta", choice, text))
 
         text = TextStream(self._loaded.tokenizer, job.sampling.stop, job.eos, emit)
         generator = None if job.sampling.greedy else row_generator(job.request.seed, choice)
@@ -177,6 +186,12 @@ class Batcher:
     # -- decoding -----------------------------------------------------------------------------------
     def step(self) -> None:
         """Admit the queued choices that now fit, then one token for every running row."""
+        try:
+            self._step()
+        finally:
+            self._out.flush()
+
+    def _step(self) -> None:
         self._start_queued()
         self._leave([i for i, row in enumerate(self._rows) if row.job.ended and self._cut(row)])
         if not self._rows:
@@ -229,7 +244,7 @@ class Batcher:
         return True
 
     def _finish(self, job: _Job, choice: int, done: Completion) -> None:
-        job.ticket.emit(("finish", choice, done))
+        self._out.put(job.ticket, ("finish", choice, done))
         job.open -= 1
         if job.open == 0:
             self.engine.unpin(job.request.target)
@@ -238,7 +253,7 @@ class Batcher:
                 name = target.adapter.name if target.adapter else target.base
                 seconds = job.request.generation_seconds
                 log.warning("a request for %s was cut at its %g s generation deadline", name, seconds)
-            job.ticket.emit(DONE)
+            self._out.put(job.ticket, DONE)
 
     def _leave(self, ended: list[int]) -> None:
         """These rows leave the batch (each already finished); the others keep their cache."""
@@ -256,32 +271,14 @@ class Batcher:
         model = self._loaded.model
         inputs |= {"use_cache": True, "logits_to_keep": 1}
         with torch.inference_mode():
-            out = _run(model, slots, inputs)
+            out = self._adapters.forward(model, slots, inputs)
         return out.logits[:, -1].to(dtype=torch.float32)
 
     def abort(self, error: EngineError) -> None:
         """Fail every started request (a bug in a step) and start afresh."""
         for job in self._jobs:
             self.engine.unpin(job.request.target)
-            job.ticket.emit(("error", error))
-            job.ticket.emit(DONE)
+            self._out.put(job.ticket, ("error", error))
+            self._out.put(job.ticket, DONE)
         self._jobs, self._rows, self._cache = [], [], BatchCache()
-
-
-def _run(model, slots: Sequence[str], inputs: dict):
-    """One forward with each row's adapter: the plain model, the adapters disabled (base rows), the one
-    adapter set, or peft's mixed batch."""
-    if not (hasattr(model, "disable_adapter") and hasattr(model, "peft_config")):
-        return model(**inputs)
-    if not model.peft_config:  # every adapter evicted: the inner model is the plain base
-        return model.base_model.model(**inputs)
-    distinct = set(slots)
-    if distinct == {BASE_ROWS}:
-        with model.disable_adapter():
-            return model(**inputs)
-    if len(distinct) == 1:
-        (slot,) = distinct
-        if model.active_adapter != slot:
-            model.set_adapter(slot)
-        return model(**inputs)
-    return model(**inputs, adapter_names=list(slots))
+        self._out.flush()

@@ -30,8 +30,7 @@ from inference import adapters
 from inference.adapters import Adapter
 from inference.errors import Busy, EngineError, invalid, model_not_found
 from inference.generation import Completion, Sampling
-
-BASE_ROWS = "__base__"  # peft's name, in a mixed batch, for rows that use no adapter
+from inference.lora_rows import BASE_ROWS
 
 
 @dataclass
@@ -211,6 +210,8 @@ class Engine:
                 return generate(inner, p.tokenizer, p.prompt, p.sampling, on_text, cancelled)
             with p.model.disable_adapter():  # type: ignore[attr-defined]
                 return generate(p.model, p.tokenizer, p.prompt, p.sampling, on_text, cancelled)
+        if _is_peft(p.model):  # the batched path (inference.lora_rows) may have left them off
+            p.model.base_model.enable_adapter_layers()  # type: ignore[attr-defined]
         return generate(p.model, p.tokenizer, p.prompt, p.sampling, on_text, cancelled)
 
     def complete(
@@ -284,6 +285,8 @@ class Engine:
             )
         slot = f"slot{next(self._slots)}"
         loaded.model = adapters.attach(loaded.model, slot, adapter)
+        if loaded.model.active_adapter not in loaded.model.peft_config:  # type: ignore[attr-defined]
+            loaded.model.set_adapter(slot)  # type: ignore[attr-defined]  # the last active one was evicted
         entry = (slot, adapter, adapters.resident_bytes(loaded.model, slot))
         loaded.resident[adapter.name] = entry
         return entry

@@ -44,6 +44,30 @@ class Ticket:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
+class Outbox:
+    """Events for many tickets, handed over in one call per event loop when flushed: one wake-up of the
+    loop per decoding step rather than one per token and row (the two threads share the GIL)."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[Ticket, Any]] = []
+
+    def put(self, ticket: Ticket, event: Any) -> None:
+        self._items.append((ticket, event))
+
+    def flush(self) -> None:
+        items, self._items = self._items, []
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Ticket, Any]]] = {}
+        for ticket, event in items:
+            by_loop.setdefault(ticket.loop, []).append((ticket, event))
+        for loop, pairs in by_loop.items():
+            loop.call_soon_threadsafe(_deliver, pairs)
+
+
+def _deliver(pairs: list[tuple[Ticket, Any]]) -> None:
+    for ticket, event in pairs:
+        ticket.events.put_nowait(event)
+
+
 class Executor(Protocol):
     """What the generation thread drives."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -24,13 +25,24 @@ from tests.inference.conftest import BASE
 PROMPTS = ["Hi", "What is a tree made of, in a few words?", "Name a river.", "Tell me a story about the sea."]
 
 
+class Now:
+    """An event loop stand-in that runs at once what it is handed (the batcher runs on the test's thread)."""
+
+    def call_soon_threadsafe(self, fn, *args) -> None:
+        fn(*args)
+
+
+@dataclass
 class Recorded(Ticket):
-    """A ticket whose events are kept in a list (the batcher is driven from the test's own thread)."""
+    """A ticket whose events so far are read as a list."""
 
-    log: list
+    seen: list = field(default_factory=list)
 
-    def emit(self, event) -> None:
-        self.log.append(event)
+    @property
+    def log(self) -> list:
+        while not self.events.empty():
+            self.seen.append(self.events.get_nowait())
+        return self.seen
 
     def deltas(self, choice: int = 0) -> list[str]:
         return [e[2] for e in self.log if e is not DONE and e[0] == "delta" and e[1] == choice]
@@ -45,9 +57,7 @@ class Recorded(Ticket):
 
 def chat(engine: Engine, model: str, text: str, sampling: Sampling, n: int = 1, **kw) -> Recorded:
     work = Chat(engine.resolve(model), [Message(role="user", content=text)], sampling, n, **kw)
-    ticket = Recorded(work=work, loop=None)  # type: ignore[arg-type]
-    ticket.log = []
-    return ticket
+    return Recorded(work=work, loop=Now())  # type: ignore[arg-type]
 
 
 def prompt_tokens(engine: Engine, model: str, text: str) -> int:
@@ -189,7 +199,7 @@ def test_a_cancelled_request_leaves_at_the_next_step_and_a_deadline_cuts(engine:
 
     # the deadline (FTUNE_INFERENCE_GENERATION_SECONDS) covers all choices: those it leaves no time are empty
     tight = Batcher(engine, max_batch_tokens=prompt_tokens(engine, BASE, PROMPTS[0]) + 401)  # one row
-    cut = chat(engine, BASE, PROMPTS[0], forever, n=3, generation_seconds=0.5)
+    cut = chat(engine, BASE, PROMPTS[0], forever, n=3, generation_seconds=0.1)
     started = time.monotonic()
     assert tight.admit(cut)
     drain(tight, limit=10_000)
