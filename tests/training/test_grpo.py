@@ -103,10 +103,10 @@ def test_grpo_resume_gives_the_same_rewards_as_an_uninterrupted_run(make_config)
 
 def test_grpo_killed_with_sigkill_resumes_to_the_rewards_of_an_uninterrupted_run(make_config) -> None:
     """kill -9 after the checkpoint at step 2: the rerun starts from it, samples what the uninterrupted
-    run sampled at steps 3 and 4, and grades them the same."""
-    whole = grpo_config(make_config, name="whole9", max_steps=4)
+    run sampled at steps 3 and 4 (LoRA dropout on: its masks are the step's too), and grades them the same."""
+    whole = grpo_config(make_config, name="whole9", max_steps=4, lora_dropout=0.1)
     assert run(whole) == EXIT_OK
-    killed = grpo_config(make_config, name="killed", max_steps=4, checkpoint_every_steps=2)
+    killed = grpo_config(make_config, name="killed", max_steps=4, checkpoint_every_steps=2, lora_dropout=0.1)
     out = Path(killed.output_dir)
     out.mkdir(parents=True)
     run_json = out.parent / "killed-run.json"
@@ -130,3 +130,13 @@ def test_grpo_killed_with_sigkill_resumes_to_the_rewards_of_an_uninterrupted_run
         return {r["step"]: r["rl"]["reward_mean"] for r in steps(o)}
 
     assert by_step(out) == by_step(Path(whole.output_dir))
+
+
+def test_a_rerun_with_the_same_seed_samples_and_grades_the_same(make_config) -> None:
+    first, second = (grpo_config(make_config, name=n, max_steps=3) for n in ("first", "second"))
+    assert run(first) == EXIT_OK and run(second) == EXIT_OK
+
+    def trace(o: Path) -> list[tuple[float, float]]:
+        return [(r["rl"]["reward_mean"], r["loss"]) for r in steps(o)]
+
+    assert trace(Path(first.output_dir)) == trace(Path(second.output_dir))

@@ -86,9 +86,9 @@ class Grpo:
         split = split_step(spec, {i: items[i].length for i in where}, step)
         micro = [[where[i] * n + g for i in idx for g in range(n)] for idx in split]
         micro_batches = [make_batch(spec, seqs, idx, ctx.pad_id) for idx in micro]
-        layouts = (
-            [dropout.layout(spec, seqs, idx, dropout_key) for idx in micro] if spec.lora_dropout else None
-        )
+        # a step's sequences are its own (sampled now): the step, not only the epoch, names their masks
+        key = (*dropout_key, step_no)
+        layouts = [dropout.layout(spec, seqs, idx, key) for idx in micro] if spec.lora_dropout else None
         stats: list[torch.Tensor] = []
         which = iter(micro)
 
