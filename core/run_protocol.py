@@ -53,6 +53,7 @@ class GradingConfig(BaseModel):
     model_base_url: str = ""
     model_api_key: str = ""
     model_timeout_seconds: float = 60
+    model_structured_outputs: bool = True
     concurrency: int = 8
 
     @classmethod
@@ -65,6 +66,7 @@ class GradingConfig(BaseModel):
             model_base_url=settings.grader_model_base_url,
             model_api_key=settings.grader_model_api_key,
             model_timeout_seconds=settings.grader_model_timeout_seconds,
+            model_structured_outputs=settings.grader_model_structured_outputs,
             concurrency=settings.grader_concurrency,
         )
 

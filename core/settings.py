@@ -128,6 +128,9 @@ class Settings(BaseSettings):
     grader_model_base_url: str = ""
     grader_model_api_key: str = ""
     grader_model_timeout_seconds: float = Field(default=60, gt=0)
+    # The judge is asked for OpenAI's {"steps", "result"} JSON schema; false for a judge that answers text
+    # only (ftune's own /v1 takes response_format text alone): the graders then read a bare number or label.
+    grader_model_structured_outputs: bool = True
     grader_concurrency: int = Field(default=8, ge=1, le=256)
     # POST /v1/fine_tuning/alpha/graders/run: samples graded at once per tenant and in all, per API process
     # (each can hold a threadpool thread, a sandboxed child or a judge request; 429 past either).

@@ -22,5 +22,10 @@ def grade_context(config: RunConfig) -> GradeContext:
         python = SandboxRunner(limits)
     chat = None
     if g.model_base_url:
-        chat = openai_compatible_chat(g.model_base_url, g.model_api_key or None, g.model_timeout_seconds)
+        chat = openai_compatible_chat(
+            g.model_base_url,
+            g.model_api_key or None,
+            g.model_timeout_seconds,
+            structured_outputs=g.model_structured_outputs,
+        )
     return GradeContext(chat=chat, python=python)

@@ -185,6 +185,7 @@ def judge(settings: Settings) -> OpenAICompatibleChat | None:
         settings.grader_model_base_url,
         settings.grader_model_api_key or None,
         settings.grader_model_timeout_seconds,
+        structured_outputs=settings.grader_model_structured_outputs,
     )
 
 
