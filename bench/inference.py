@@ -2,12 +2,15 @@
 engine before batching (`--sequential`: one request at a time with transformers' generate), in one run.
 
     .venv/bin/python bench/inference.py [--clients 1,4,16] [--adapters 3] [--max-tokens 32]
-                                        [--requests-per-client 2] [--min-requests 8] [--engine-threads N]
+                                        [--requests-per-client 2] [--min-requests 16] [--lone-requests 16]
+                                        [--engine-threads N]
 
 Builds the demo model and `--adapters` LoRA adapters (rank 8 on every linear, random weights) in a temp
-dir. For each mode it starts `python -m inference.server` on them, registers the adapters with
-/v1/load_lora_adapter and warms each model once (first loads are not timed). Then, for each client count
-C, C clients each send chat completions one after another (closed loop) until `max(C x
+dir, starts one `python -m inference.server` per mode on them (both up, the one not measured idle),
+registers the adapters with /v1/load_lora_adapter and warms each model once (first loads are not timed).
+First `--lone-requests` lone requests go to each engine in turn (alternating, so both see the same load of
+the machine): the lone request's latency. Then, for each client count C and each mode in turn, C clients
+each send chat completions one after another (closed loop) until `max(C x
 --requests-per-client, --min-requests)` are answered, the requests cycling over the base and the adapters
 (so a batch mixes adapters), each generating exactly `--max-tokens` tokens (greedy, vLLM's ignore_eos).
 Aggregate tokens/s = the tokens answered / the level's wall clock; latency is from send to answer.
@@ -132,23 +135,34 @@ async def level(url: str, models: list[str], clients: int, total: int, max_token
     }
 
 
-def run_mode(mode: str, model_dir: Path, tmp: Path, names: list[str], dirs: list[Path], args) -> list[dict]:
-    proc, url = start_engine(model_dir.parent, tmp, MODES[mode], args.engine_threads)
-    try:
-        for name, d in zip(names, dirs, strict=True):
-            r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(d)})
-            r.raise_for_status()
-        models = [BASE, *names]
-        asyncio.run(level(url, models, len(models), len(models), 4))  # warm-up: every model loaded once
-        rows = []
-        for clients in args.clients:
-            total = max(clients * args.requests_per_client, args.min_requests)
-            rows.append({"mode": mode, **asyncio.run(level(url, models, clients, total, args.max_tokens))})
-            print(f"  {mode:10} {clients:>3} clients: {rows[-1]['tokens_per_s']:.1f} tokens/s", flush=True)
-        return rows
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+def ready_engine(mode: str, model_dir: Path, tmp: Path, names: list[str], dirs: list[Path], threads) -> tuple:
+    """An engine in this mode with the adapters registered and every model loaded once (not timed)."""
+    proc, url = start_engine(model_dir.parent, tmp, MODES[mode], threads)
+    for name, d in zip(names, dirs, strict=True):
+        r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(d)})
+        r.raise_for_status()
+    models = [BASE, *names]
+    asyncio.run(level(url, models, len(models), len(models), 4))
+    return proc, url
+
+
+def lone(urls: dict[str, str], models: list[str], count: int, max_tokens: int) -> dict[str, list[float]]:
+    """`count` lone requests to each engine, alternating (so both see the same machine load)."""
+    texts = prompts()
+    seconds: dict[str, list[float]] = {mode: [] for mode in urls}
+
+    async def run() -> None:
+        async with httpx.AsyncClient(timeout=600) as client:
+            for i in range(count):
+                for mode, url in urls.items():
+                    r = await one_request(
+                        client, url, models[i % len(models)], texts[i % len(texts)], max_tokens
+                    )
+                    if r["ok"]:
+                        seconds[mode].append(r["seconds"])
+
+    asyncio.run(run())
+    return seconds
 
 
 def main() -> int:
@@ -157,9 +171,10 @@ def main() -> int:
     p.add_argument("--adapters", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--requests-per-client", type=int, default=2)
-    p.add_argument("--min-requests", type=int, default=8)
+    p.add_argument("--min-requests", type=int, default=16)
     p.add_argument("--engine-threads", type=int, default=None, help="OMP_NUM_THREADS of the engine")
-    p.add_argument("--modes", default="sequential,batched")
+    p.add_argument("--modes", type=lambda s: s.split(","), default=["sequential", "batched"])
+    p.add_argument("--lone-requests", type=int, default=16, help="lone requests per engine, alternating")
     args = p.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="ftune-bench-inference-"))
@@ -167,9 +182,27 @@ def main() -> int:
     names = [f"ft:{BASE}:bench::a{i}" for i in range(args.adapters)]
     dirs = [save_random_adapter(model_dir, tmp / f"a{i}", i, 8, TARGETS) for i in range(args.adapters)]
     load_before = os.getloadavg()[0]
+    models = [BASE, *names]
+    engines = {
+        mode: ready_engine(mode, model_dir, tmp, names, dirs, args.engine_threads) for mode in args.modes
+    }
+    urls = {mode: url for mode, (_, url) in engines.items()}
     rows = []
-    for mode in args.modes.split(","):
-        rows += run_mode(mode, model_dir, tmp, names, dirs, args)
+    try:
+        alone = lone(urls, models, args.lone_requests, args.max_tokens)
+        for clients in args.clients:  # the modes one after the other at each level
+            total = max(clients * args.requests_per_client, args.min_requests)
+            for mode, url in urls.items():
+                rows.append(
+                    {"mode": mode, **asyncio.run(level(url, models, clients, total, args.max_tokens))}
+                )
+                print(
+                    f"  {mode:10} {clients:>3} clients: {rows[-1]['tokens_per_s']:.1f} tokens/s", flush=True
+                )
+    finally:
+        for proc, _ in engines.values():
+            proc.terminate()
+            proc.wait(timeout=30)
     load_after = os.getloadavg()[0]
 
     threads = args.engine_threads or "default"
@@ -181,7 +214,7 @@ def main() -> int:
     cols = ["clients", "requests", "tokens/s", "p50 s", "p95 s", "x 1 client"]
     print(f"{'engine':12}" + "".join(f"{c:>11}" for c in cols))
     one = {r["mode"]: r["tokens_per_s"] for r in rows if r["clients"] == min(args.clients)}
-    for r in rows:
+    for r in sorted(rows, key=lambda r: (args.modes.index(r["mode"]), r["clients"])):
         cells = [
             r["clients"],
             r["answered"],
@@ -195,9 +228,12 @@ def main() -> int:
     if ("batched", 16) in by and ("batched", 1) in by:
         gain = by["batched", 16]["tokens_per_s"] / by["batched", 1]["tokens_per_s"]
         print(f"batched, 16 clients vs 1: {gain:.2f}x aggregate tokens/s (goal >= 4x)")
-    if ("batched", 1) in by and ("sequential", 1) in by:
-        b, s = by["batched", 1]["p50"], by["sequential", 1]["p50"]
-        print(f"a lone request (1 client), p50: batched {b:.2f} s vs sequential {s:.2f} s (goal: no slower)")
+    if alone.get("batched") and alone.get("sequential"):
+        b, s = statistics.median(alone["batched"]), statistics.median(alone["sequential"])
+        print(
+            f"a lone request ({args.lone_requests} per engine, alternating), p50: batched {b:.3f} s vs "
+            f"sequential {s:.3f} s (goal: no slower)"
+        )
     failed = [e for r in rows for e in r["failed"]]
     if failed:
         print(f"failed requests: {failed[:5]}")
