@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from core.storage import fsync_path
+
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 CHECKPOINT_WEIGHTS = "adapter.safetensors"  # training.checkpoint's FILES[0]
 ADAPTER_NAME = "default"  # the trained adapter's name in the parameter names (training.export)
@@ -40,7 +42,7 @@ def peft_view(checkpoint: Path, final_adapter: Path, dest: Path) -> Path:
         _write_weights(checkpoint / CHECKPOINT_WEIGHTS, final_header, tmp / WEIGHTS)
         (tmp / CONFIG).write_bytes(config)
         for f in (tmp / WEIGHTS, tmp / CONFIG):
-            _fsync(f)
+            fsync_path(f)
         try:
             os.rename(tmp, dest)  # fails if another writer got there first: theirs is the same
         except OSError:
@@ -112,10 +114,3 @@ def _copy(src: BinaryIO, dst: BinaryIO, n: int) -> None:
         dst.write(chunk)
         n -= len(chunk)
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -145,7 +145,7 @@ def recover_dir(target: Path) -> None:
         shutil.rmtree(aside)
     else:
         os.rename(aside, target)
-        _fsync_path(target.parent)
+        fsync_path(target.parent)
 
 
 def _aside(target: Path) -> Path:
@@ -155,16 +155,16 @@ def _aside(target: Path) -> Path:
 def _swap_into_place(tmp: Path, target: Path) -> None:
     if not target.exists():
         os.rename(tmp, target)
-        _fsync_path(target.parent)
+        fsync_path(target.parent)
         return
     if _exchange(tmp, target):  # tmp now holds the old directory
-        _fsync_path(target.parent)
+        fsync_path(target.parent)
         shutil.rmtree(tmp)
         return
     aside = _aside(target)
     os.rename(target, aside)  # a crash here leaves only `aside`: recover_dir renames it back
     os.rename(tmp, target)
-    _fsync_path(target.parent)
+    fsync_path(target.parent)
     shutil.rmtree(aside)
 
 
@@ -191,11 +191,12 @@ def _fsync_tree(root: Path) -> None:
     """Files first, then their directories, so the new tree is on disk before it is swapped in."""
     for dirpath, _dirs, names in os.walk(root, topdown=False):
         for name in names:
-            _fsync_path(Path(dirpath) / name)
-        _fsync_path(Path(dirpath))
+            fsync_path(Path(dirpath) / name)
+        fsync_path(Path(dirpath))
 
 
-def _fsync_path(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush a file (or a directory's entries) to disk: what makes a rename durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

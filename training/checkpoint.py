@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from core.storage import fsync_path
 from training import distributed
 from training.step import Parts, Position
 
@@ -78,9 +79,9 @@ def _save(
     try:
         _write_state(tmp, parts, pos, total_steps, weights, opt_state)
         for name in FILES:
-            _fsync(tmp / name)
+            fsync_path(tmp / name)
         os.replace(tmp, target)
-        _fsync(root)
+        fsync_path(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -272,10 +273,3 @@ def _numpy_state(obj: list[Any]) -> tuple[Any, ...]:
     name, keys, pos, has_gauss, cached = obj
     return (name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -64,3 +64,12 @@ class Objective(Protocol):
         """The first n items' prompts for before/after samples (training.samples.Prompt); None: the
         prompts come from the dataset file's examples (sft)."""
         ...
+
+
+class BaseObjective:
+    """What every objective's class starts from: its context, and no evaluation before the first step."""
+
+    evaluates_at_start = False
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx

@@ -9,16 +9,11 @@ from typing import Any
 from core.spec import JobSpec
 from training import dpo, preference, samples
 from training.batches import Step
-from training.objectives.base import Context, Evaluation
+from training.objectives.base import BaseObjective, Evaluation
 from training.step import StepResult
 
 
-class Dpo:
-    evaluates_at_start = False
-
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-
+class Dpo(BaseObjective):
     @staticmethod
     def load(
         path: Path, tokenizer: Any, spec: JobSpec, column_mapping: dict[str, str] | None

@@ -34,17 +34,17 @@ from training.batches import Step, split_step
 from training.dpo import reference_policy
 from training.grading import grade_context
 from training.loss import token_losses
-from training.objectives.base import Context, Evaluation
+from training.objectives.base import BaseObjective, Context, Evaluation
 from training.rollouts import Completion, PromptItem
 from training.samples import Prompt
 from training.step import Batch, StepResult, accumulate_gradients, make_batch, optimizer_step
 
 
-class Grpo:
-    evaluates_at_start = True
+class Grpo(BaseObjective):
+    evaluates_at_start = True  # the reward before training: the start of the curve
 
     def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
+        super().__init__(ctx)
         rl = ctx.spec.rl
         assert rl.grader is not None  # the spec's check
         self.grader = parse_grader(rl.grader, allow_python=True)
