@@ -146,11 +146,13 @@ def take_cuda_paths(gqa: bool = True) -> None:
         if not self.training or self.p == 0 or self.layout is None:
             return x
         mask = torch.full(x.shape, True, dtype=torch.bool, device=x.device)
-        for spans in self.layout.rows:
-            for _start, n, _seed in spans:  # each example's rand (fp32) and comparison (bool), freed at once
-                ids = [TRACER.alloc(n * x.shape[2] * 4), TRACER.alloc(n * x.shape[2])]
-                for i in ids:
-                    TRACER.free(i)
+        tokens, features = x.shape[0] * x.shape[1], x.shape[2]
+        budget = x.numel() * x.element_size()  # training.dropout.keep_mask's chunks
+        step = max(1, min(dropout.CHUNK, budget // 16) // features)
+        for a in range(0, tokens, step):  # each chunk's int64 hash and its shifted copy, freed at once
+            ids = [TRACER.alloc(min(step, tokens - a) * features * 8) for _ in range(2)]
+            for i in ids:
+                TRACER.free(i)
         return dropout._Masked.apply(x, mask, 1.0 / (1.0 - self.p))
 
     dropout.ExampleDropout.forward = example_dropout  # type: ignore[method-assign]

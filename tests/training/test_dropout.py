@@ -3,6 +3,7 @@ micro-batch, row or position, padded or packed; recomputation (gradient checkpoi
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,57 @@ def test_an_example_gets_its_mask_wherever_it_sits(packing: bool) -> None:
     other.layout = dropout.layout(s, xs, [2], KEY)
     assert not torch.equal(together[2], other(torch.ones(1, 7, 16))[0])  # each module its own
     assert torch.equal(d.eval()(feats), feats)  # evaluation: no dropout
+
+
+def masks(module: int, p: float, lengths: list[int], features: int) -> torch.Tensor:
+    """A packed row's dropped positions (bool, [tokens, features]) from module `module`."""
+    s = JobSpec(base_model="tiny", dataset_id="testdata01", packing=True, lora_dropout=p)
+    xs = items(*lengths)
+    d = dropout.ExampleDropout(p, index=module).train()
+    return apply(d, torch.ones(1, sum(lengths), features), dropout.layout(s, xs, range(len(xs)), KEY))[0] == 0
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_the_hashed_masks_drop_p_without_correlations(p: float) -> None:
+    a, b = masks(0, p, [64] * 16, 256), masks(1, p, [64] * 16, 256)  # 262,144 values each
+
+    def corr(u: torch.Tensor, v: torch.Tensor) -> float:
+        return float(torch.corrcoef(torch.stack([u.flatten().float(), v.flatten().float()]))[0, 1])
+
+    assert abs(a.float().mean() - p) < 0.005
+    assert (a.float().mean(0) - p).abs().max() < 0.1  # every feature (1,024 draws)
+    assert (a.float().mean(1) - p).abs().max() < 0.25  # every token (256 draws)
+    for u, v in [
+        (a[:, 1:], a[:, :-1]),  # neighbouring features
+        (a[1:], a[:-1]),  # neighbouring tokens
+        (a[64:], a[:-64]),  # the same position in the next example
+        (a, b),  # the same token and feature in two modules
+    ]:
+        assert abs(corr(u, v)) < 0.01
+
+
+def test_a_micro_batch_mask_takes_the_same_ops_whatever_its_examples() -> None:
+    """No loop over examples and no read back to the host in the forward: 40 examples of 2 tokens
+    make the ops 2 examples of 40 make; and the forward runs on the meta device, which has no values
+    (an .item(), .tolist() or .cpu() there raises: on a GPU each would be a host sync)."""
+    s = JobSpec(base_model="tiny", dataset_id="testdata01", packing=True, lora_dropout=0.1)
+    d = dropout.ExampleDropout(0.1, index=3).train()
+
+    def ops(lengths: list[int]) -> Counter[str]:
+        xs = items(*lengths)
+        where = dropout.layout(s, xs, range(len(xs)), KEY)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(3):  # the first makes the tokens' keys; every module after it reuses them
+                apply(d, torch.ones(1, 80, 32), where)
+        return Counter(e.name for e in prof.events())
+
+    ops([80])  # the features' keys, made once per process
+    few, many = ops([40, 40]), ops([2] * 40)
+    assert few == many
+    assert not {"aten::item", "aten::_local_scalar_dense"} & set(few)
+    where = dropout.layout(s, items(5, 3, 7), [0, 1, 2], KEY)
+    y = apply(d, torch.ones(1, 15, 16, device="meta"), where)
+    assert y.shape == (1, 15, 16) and y.device.type == "meta"
 
 
 def test_install_replaces_peft_dropouts(tiny_model: Path) -> None:
