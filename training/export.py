@@ -39,8 +39,17 @@ def save_adapter(
         (tmp / "README.md").write_text(card)
 
 
+def _installed_version(name: str) -> str | None:
+    """A package's version without importing it (a lora job on a machine without bitsandbytes: None)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
 def model_card(config: RunConfig, *, final_loss: float | None, pos: Position, peak: int) -> str:
-    import bitsandbytes
     import peft
     import transformers
 
@@ -50,7 +59,7 @@ def model_card(config: RunConfig, *, final_loss: float | None, pos: Position, pe
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "peft": peft.__version__,
-        "bitsandbytes": bitsandbytes.__version__,
+        "bitsandbytes": _installed_version("bitsandbytes"),
     }
     final: dict[str, Any] = {
         "steps": pos.step,
