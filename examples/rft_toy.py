@@ -86,7 +86,7 @@ def main() -> None:
     started = time.monotonic()
     hyperparameters = {
         "batch_size": 4,
-        "learning_rate_multiplier": 5,
+        "learning_rate_multiplier": 2.5,
         "eval_interval": 25,
         "eval_samples": 20,
     }
@@ -111,14 +111,13 @@ def main() -> None:
     rft = finish(client, rft.id)
     print(f"reinforcement: {rft.fine_tuned_model} in {time.monotonic() - started:.0f} s")
     events = client.fine_tuning.jobs.list_events(rft.id, limit=1000).data
-    curve = sorted(
-        (e.data["step"], e.data["scores"]["valid_reward_mean"])
-        for e in events
-        if e.type == "metrics" and e.data and "valid_reward_mean" in e.data.get("scores", {})
-    )
-    print("step  valid_reward_mean")
-    for step, reward in curve:
-        print(f"{step:4d}  {reward:.3f}")
+    scores = {e.data["step"]: e.data["scores"] for e in events if e.type == "metrics" and e.data}
+    print("step  valid_reward_mean  train_reward_mean (mean of the steps since the last evaluation)")
+    evaluated = sorted(step for step, s in scores.items() if "valid_reward_mean" in s)
+    for before, step in zip([0, *evaluated], evaluated, strict=False):
+        train = [scores[k]["train_reward_mean"] for k in range(before + 1, step + 1) if k in scores]
+        shown = f"{sum(train) / len(train):.3f}" if train else "-"
+        print(f"{step:4d}  {scores[step]['valid_reward_mean']:17.3f}  {shown:>17}")
 
 
 if __name__ == "__main__":
