@@ -113,4 +113,3 @@ def _copy(src: BinaryIO, dst: BinaryIO, n: int) -> None:
             raise NotServable(f"{src.name} is shorter than its header says")
         dst.write(chunk)
         n -= len(chunk)
-

@@ -272,4 +272,3 @@ def _tuples(obj: Any) -> Any:
 def _numpy_state(obj: list[Any]) -> tuple[Any, ...]:
     name, keys, pos, has_gauss, cached = obj
     return (name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)
-
