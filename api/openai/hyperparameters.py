@@ -13,7 +13,8 @@ ftune's own settings ride along as extra body fields under their JobSpec names; 
 
 `method.type` "reinforcement" (objective grpo; README "Reinforcement fine-tuning"): `grader` is JobSpec's
 `grader`; `batch_size` counts prompts per step; `eval_interval` is eval_every_steps (auto: at each epoch
-end and at the end); `eval_samples` the validation prompts graded per evaluation (auto: all);
+end and at the end) and, as on OpenAI, checkpoint_every_steps unless that is given too; `eval_samples`
+the validation prompts graded per evaluation (auto: all);
 `compute_multiplier` scales the completions sampled per prompt, num_generations = round(4 x it), 2..64
 (auto: 1, four); `reasoning_effort` is accepted and echoed but has no effect: no base model ftune trains
 reasons with a budget; `response_format` (json_schema) is echoed, and a sample's output_json is its text
@@ -183,6 +184,8 @@ def _reinforcement_fields(req: CreateJobRequest) -> tuple[dict[str, Any], dict[s
     fields: dict[str, Any] = {"objective": "grpo", "grader": rf.grader}
     if hp.eval_interval != "auto":
         fields["eval_every_steps"] = hp.eval_interval
+        if "checkpoint_every_steps" not in (req.model_extra or {}):  # a checkpoint at each evaluation
+            fields["checkpoint_every_steps"] = hp.eval_interval
     if hp.eval_samples != "auto":
         fields["eval_samples"] = hp.eval_samples
     if hp.compute_multiplier != "auto":

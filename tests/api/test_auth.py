@@ -37,6 +37,7 @@ def test_missing_or_wrong_key_is_401_on_every_route(
     app: FastAPI, client: TestClient, dataset_id: str
 ) -> None:
     ids = {"job_id": _job(client, dataset_id), "dataset_id": dataset_id, "artifact_id": new_id()}
+    ids["pull_id"] = new_id()  # GET /models/pulls/{pull_id}: the key is checked before the id
     ids["file_id"] = dataset_id  # /v1/files: the same rows
     ids["step"] = "1"  # GET /jobs/{job_id}/checkpoints/{step}
     ids["model"] = "tiny"  # GET /v1/models/{model}

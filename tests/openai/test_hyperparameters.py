@@ -82,9 +82,6 @@ def test_hyperparameters_in_method_and_top_level_is_refused() -> None:
 
 def test_what_ftune_cannot_honour_is_refused_by_name() -> None:
     with pytest.raises(Unsupported) as e:
-        mapped(method={"type": "reinforcement", "reinforcement": {}})
-    assert e.value.param == "method.type"
-    with pytest.raises(Unsupported) as e:
         mapped(integrations=[{"type": "wandb"}])
     assert e.value.param == "integrations"
     assert mapped(integrations=[])[0]["base_model"] == "m"
@@ -109,3 +106,15 @@ def test_batch_size_splits_over_gpus() -> None:
     assert e.value.param == "batch_size"
     _, batch = mapped(micro_batch_size=2, gradient_accumulation_steps=4)
     assert batch is None  # set by the extra fields: nothing left to choose
+
+
+def test_reinforcement_maps_onto_grpo() -> None:
+    grader = {"type": "string_check", "name": "s", "operation": "eq", "input": "{{sample.output_text}}"}
+    grader["reference"] = "{{item.answer}}"
+    hp = {"eval_interval": 5, "eval_samples": 9, "compute_multiplier": 2, "reasoning_effort": "high"}
+    fields, _ = mapped(
+        method={"type": "reinforcement", "reinforcement": {"grader": grader, "hyperparameters": hp}}
+    )
+    assert fields["objective"] == "grpo" and fields["grader"] == grader
+    assert (fields["eval_every_steps"], fields["eval_samples"], fields["num_generations"]) == (5, 9, 8)
+    assert fields["checkpoint_every_steps"] == 5  # a checkpoint at each evaluation, as OpenAI's

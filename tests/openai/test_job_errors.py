@@ -39,7 +39,7 @@ def test_error_classes(
     e = refused(openai.BadRequestError, model=f"ft:ftune-demo:x::{'1' * 32}")
     assert (e.code, e.param) == ("model_not_found", "model")
     e = refused(openai.BadRequestError, method={"type": "reinforcement", "reinforcement": {}})
-    assert e.param == "method.type"
+    assert e.param == "method.reinforcement.grader"  # reinforcement needs its grader
     e = refused(openai.BadRequestError, integrations=[{"type": "wandb", "wandb": {"project": "p"}}])
     assert e.param == "integrations"
     e = refused(openai.BadRequestError, hyperparameters={"n_epochs": 2}, extra_body={**TINY_RUN, "epochs": 3})
