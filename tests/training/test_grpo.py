@@ -101,6 +101,7 @@ def test_grpo_resume_gives_the_same_rewards_as_an_uninterrupted_run(make_config)
     )
 
 
+@pytest.mark.slow
 def test_grpo_killed_with_sigkill_resumes_to_the_rewards_of_an_uninterrupted_run(make_config) -> None:
     """kill -9 after the checkpoint at step 2: the rerun starts from it, samples what the uninterrupted
     run sampled at steps 3 and 4 (LoRA dropout on: its masks are the step's too), and grades them the same."""
