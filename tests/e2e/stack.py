@@ -168,3 +168,23 @@ def ftune_up(tmp: Path, models_dir: Path, **env: str) -> Iterator[Up]:
     except httpx.ConnectError:
         return
     raise AssertionError(f"the API still answers after Ctrl-C\n{up.tail()}")
+
+
+@contextmanager
+def running_api(env: dict[str, str], log: Path) -> Iterator[str]:
+    """`ftune migrate`, then `ftune api` alone on env's FTUNE_API_PORT until the block ends; yields its
+    base URL (the log's tail printed if it never gets ready or the block fails)."""
+    base = f"http://127.0.0.1:{env['FTUNE_API_PORT']}"
+    proc: Proc | None = None
+    try:
+        subprocess.run([sys.executable, "-m", "cli", "migrate"], env=env, check=True, cwd=REPO)
+        proc = Proc(["api"], env, log)
+        wait_ready(base, [proc])
+        yield base
+    except BaseException:
+        if proc is not None:
+            print(proc.tail(80))
+        raise
+    finally:
+        if proc is not None:
+            proc.stop()

@@ -9,8 +9,6 @@ API refuses shows its 422 message next to it, and no job is made; submitting lan
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.browser import Browser, open_browser
-from tests.e2e.stack import AUTH, REPO, Proc, api, env_for, free_port, upload, wait_ready
+from tests.e2e.stack import AUTH, REPO, api, env_for, free_port, running_api, upload
 
 pytestmark = pytest.mark.slow
 SHOTS = REPO / "test-artifacts" / "dashboard"
@@ -36,19 +34,10 @@ def base(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Iterator
     port = free_port()
     env = env_for(tmp, models_dir, FTUNE_API_PORT=str(port), FTUNE_REDIS_URL=broker.connection_url)
     env["FTUNE_PLAN_GPU"] = "24GB"  # no worker: jobs are planned (and admitted) on this GPU
-    proc: Proc | None = None
     try:
-        subprocess.run([sys.executable, "-m", "cli", "migrate"], env=env, check=True, cwd=REPO)
-        proc = Proc(["api"], env, tmp / "api.log")
-        wait_ready(f"http://127.0.0.1:{port}", [proc])
-        yield f"http://127.0.0.1:{port}"
-    except BaseException:
-        if proc is not None:
-            print(proc.tail(80))
-        raise
+        with running_api(env, tmp / "api.log") as url:
+            yield url
     finally:
-        if proc is not None:
-            proc.stop()
         broker.stop()
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from tests.core.hub_double import HubDouble, serve
 from tests.e2e.browser import Browser, open_browser
-from tests.e2e.stack import AUTH, REPO, Proc, api, env_for, free_port, wait_ready
+from tests.e2e.stack import AUTH, REPO, api, env_for, free_port, running_api
 
 pytestmark = pytest.mark.slow
 SHOTS = REPO / "test-artifacts" / "dashboard"
@@ -55,20 +55,8 @@ def stack_env(tmp_path_factory: pytest.TempPathFactory, hub: HubDouble) -> Itera
 
 @pytest.fixture(scope="module")
 def base(stack_env: dict[str, str]) -> Iterator[str]:
-    env, port = stack_env, stack_env["FTUNE_API_PORT"]
-    proc: Proc | None = None
-    try:
-        subprocess.run([sys.executable, "-m", "cli", "migrate"], env=env, check=True, cwd=REPO)
-        proc = Proc(["api"], env, Path(env["FTUNE_DATA_DIR"]).parent / "api.log")
-        wait_ready(f"http://127.0.0.1:{port}", [proc])
-        yield f"http://127.0.0.1:{port}"
-    except BaseException:
-        if proc is not None:
-            print(proc.tail(80))
-        raise
-    finally:
-        if proc is not None:
-            proc.stop()
+    with running_api(stack_env, Path(stack_env["FTUNE_DATA_DIR"]).parent / "api.log") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
