@@ -14,10 +14,12 @@ from core.arch import load_architecture
 from core.catalog import Catalog
 from core.data.examples import KIND_OBJECTIVE, kind_of
 from core.errors import Conflict, InvalidInput, NotFound, Unsupported
+from core.graders.policy import admitted
 from core.planner import BatchShape, Plan
 from core.planner.feasibility import plan_for_fleet, plan_on, require_fits, tokens_per_epoch
 from core.planner.gpus import resolve_gpu
 from core.planner.sharding import fsdp_problem
+from core.settings import Settings
 from core.spec import JobSpec
 from core.states import JobStatus
 from models import datasets as datasets_db
@@ -38,31 +40,15 @@ DATASETS_FOR = {
 WRONG_KIND_CODE = {"dpo": "dataset_not_preference", "grpo": "dataset_not_prompts"}
 
 
-def check_grader_policy(spec: JobSpec, settings: Any) -> None:
-    """What this server grades with (core.settings.Settings): python graders only where the operator
-    enabled the sandbox (400 python_grader_disabled, naming the grader's field); score_model and
-    label_model graders only with a judge endpoint configured (400 grader_model_not_configured)."""
-    if spec.grader is None:
-        return
-    from core.graders import parse_grader
-
-    parse_grader(spec.grader, allow_python=settings.python_grader_enabled)
-    judged = _grader_types(spec.grader) & {"score_model", "label_model"}
-    if judged and not settings.grader_model_base_url:
-        raise InvalidInput(
-            f"a {sorted(judged)[0]} grader needs a judge model endpoint, and this server has none "
-            "configured (the operator sets FTUNE_GRADER_MODEL_BASE_URL)",
-            code="grader_model_not_configured",
-            param="grader",
+def check_grader_policy(spec: JobSpec, settings: Settings) -> None:
+    """What this server grades with (core.graders.policy, core.settings.Settings): python graders only
+    where the operator enabled the sandbox, model graders only with a judge endpoint configured."""
+    if spec.grader is not None:
+        admitted(
+            spec.grader,
+            python_enabled=settings.python_grader_enabled,
+            judge_configured=bool(settings.grader_model_base_url),
         )
-
-
-def _grader_types(grader: dict[str, Any]) -> set[str]:
-    """The types in a (parsed, normalised) grader tree: multi's graders are a named map."""
-    types = {str(grader.get("type"))}
-    for sub in (grader.get("graders") or {}).values() if isinstance(grader.get("graders"), dict) else ():
-        types |= _grader_types(sub)
-    return types
 
 
 def check_dataset(

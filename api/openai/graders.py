@@ -40,9 +40,9 @@ from core.graders import (
     grade,
     make_sample,
     openai_compatible_chat,
-    parse_grader,
 )
 from core.graders.multi import MultiGrader
+from core.graders.policy import admitted
 from core.graders.results import GradeFailure
 from core.graders.sandbox import SandboxLimits, SandboxRunner
 from core.graders.templates import Template
@@ -64,7 +64,6 @@ router = APIRouter(
 MAX_SAMPLE_CHARS = 64 * 1024
 MAX_ITEM_BYTES = 64 * 1024  # as compact JSON
 MAX_RENDERED_CHARS = 256 * 1024  # the grader's strings, templates filled in for this sample
-JUDGED = ("score_model", "label_model")
 
 
 class ValidateGraderRequest(BaseModel):
@@ -105,34 +104,12 @@ class GraderRunResponse(BaseModel):
 
 
 def checked(raw: Any, settings: Settings) -> Grader:
-    """The grader as this server would admit it for a job (see the module docstring)."""
-    grader = parse_grader(raw, allow_python=settings.python_grader_enabled)
-    judged = judged_param(grader, raw)
-    if judged is not None and not settings.grader_model_base_url:
-        raise InvalidInput(
-            f"{judged} is a model grader, and this server has no judge model endpoint configured "
-            "(the operator sets FTUNE_GRADER_MODEL_BASE_URL)",
-            code="grader_model_not_configured",
-            param=judged,
-        )
-    return grader
-
-
-def judged_param(grader: Grader, raw: Any, param: str = "grader") -> str | None:
-    """The path of the first score_model or label_model grader's type in the tree (None: there is none)."""
-    if grader.type in JUDGED:
-        return f"{param}.type"
-    if isinstance(grader, MultiGrader):
-        given = raw.get("graders") if isinstance(raw, dict) else None
-        if isinstance(given, dict) and isinstance(given.get("type"), str):  # the single-grader form
-            child = next(iter(grader.graders.values()))
-            return judged_param(child, given, f"{param}.graders")
-        for key, child in grader.graders.items():
-            sub = given.get(key) if isinstance(given, dict) else None
-            found = judged_param(child, sub, f"{param}.graders.{key}")
-            if found is not None:
-                return found
-    return None
+    """The grader as this server would admit it for a job (core.graders.policy)."""
+    return admitted(
+        raw,
+        python_enabled=settings.python_grader_enabled,
+        judge_configured=bool(settings.grader_model_base_url),
+    )
 
 
 def echoed(grader: Grader, raw: Any) -> dict[str, Any]:
