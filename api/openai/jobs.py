@@ -112,7 +112,7 @@ def _resolve_model(
         )
     if name.step is not None:
         saved = openai_jobs.checkpoint(session, source.id, name.step)
-        kept = saved is not None and (services.storage.job_dir(source.id) / saved.relpath).is_dir()
+        kept = saved is not None and openai_jobs.is_stored(saved, services.storage.job_dir(source.id))
         if not kept:  # never saved, or pruned by the job's keep_checkpoints
             raise InvalidInput(
                 f"job {source.id} keeps no checkpoint at step {name.step}; see "
@@ -202,8 +202,7 @@ def list_checkpoints(
 ) -> CheckpointList:
     """The checkpoints ftune keeps on disk (JobSpec keep_checkpoints: the newest N plus the best by eval
     loss), in step order."""
-    job_dir = services.storage.job_dir(job.id)
-    kept = [a for a in openai_jobs.checkpoints(session, job.id) if (job_dir / a.relpath).is_dir()]
+    kept = openai_jobs.stored_checkpoints(session, job.id, services.storage.job_dir(job.id))
     objects = checkpoint_objects(job, kept, services.storage)
     ids = [c.id for c in objects]
     start = (ids.index(after) + 1 if after in ids else len(ids)) if after is not None else 0
