@@ -117,6 +117,10 @@ class Settings(BaseSettings):
     chat_max_total_tokens: int = Field(default=4096, ge=1)
     chat_allow_ignore_eos: bool = False
     inference_generation_seconds: float = Field(default=120, gt=0)
+    # The engine's running batch (inference.batcher): its KV bound (rows x their longest prompt + max_tokens)
+    # and how many rows (choices) decode together at most.
+    inference_max_batch_tokens: int = Field(default=2048, ge=1)
+    inference_max_running: int = Field(default=32, ge=1)
     # Tenants' python graders (core/graders/sandbox.py): untrusted code, so off unless the operator turns them
     # on. Per batch of calls (one sandboxed child): CPU seconds, address space in MiB, wall-clock seconds.
     python_grader_enabled: bool = False

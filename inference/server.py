@@ -30,7 +30,6 @@ import asyncio
 import hmac
 import json
 import logging
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -343,14 +342,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-batch-tokens",
         type=int,
-        default=int(os.environ.get("FTUNE_INFERENCE_MAX_BATCH_TOKENS", 2048)),
-        help="KV cache bound of the running batch: rows x their longest prompt + max_tokens",
+        default=None,
+        help="KV cache bound of the running batch: rows x their longest prompt + max_tokens "
+        "(default FTUNE_INFERENCE_MAX_BATCH_TOKENS)",
     )
     p.add_argument(
         "--max-running",
         type=int,
-        default=int(os.environ.get("FTUNE_INFERENCE_MAX_RUNNING", 32)),
-        help="rows (choices) decoding together at most",
+        default=None,
+        help="rows (choices) decoding together at most (default FTUNE_INFERENCE_MAX_RUNNING)",
     )
     p.add_argument(
         "--sequential", action="store_true", help="one request at a time with generate (no batching)"
@@ -377,8 +377,8 @@ def main(argv: list[str] | None = None) -> None:
         timeout_seconds=args.timeout_seconds,
         generation_seconds=args.generation_seconds or settings.inference_generation_seconds,
         api_key=settings.inference_api_key,
-        max_batch_tokens=args.max_batch_tokens,
-        max_running=args.max_running,
+        max_batch_tokens=args.max_batch_tokens or settings.inference_max_batch_tokens,
+        max_running=args.max_running or settings.inference_max_running,
         sequential=args.sequential,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
