@@ -75,7 +75,7 @@ def one(model: Path, data: Path, out: Path, steps: int, config: dict[str, Any]) 
     }
 
 
-def peak_phases(model_dir: Path, data: Path, micro: int, generations: int) -> dict[str, float]:
+def peak_phases(model_dir: Path, data: Path, micro: int, generations: int) -> dict[str, Any]:
     """Where a grpo step's CUDA peak comes from: max_memory_allocated (GiB) after loading (and what the
     weights hold), and the rollouts' own peak from a reset, to set beside a whole run's."""
     import torch
@@ -93,17 +93,16 @@ def peak_phases(model_dir: Path, data: Path, micro: int, generations: int) -> di
     net = model_lib.load_model(spec, model_dir, device)
     items, _, _ = load_for_training(data, tokenizer, spec, None)
     gib = 2**30
-    out = {"loaded": torch.cuda.max_memory_allocated() / gib, "weights": torch.cuda.memory_allocated() / gib}
+    out: dict[str, Any] = {"dtype": str(next(net.parameters()).dtype)}
+    out |= {"loaded": torch.cuda.max_memory_allocated() / gib, "weights": torch.cuda.memory_allocated() / gib}
     precision = model_lib.precision_for(spec, device, True)
     torch.cuda.reset_peak_memory_stats()
     with precision.autocast():
-        answers = sample(
+        sample(
             net, tokenizer, [p.input_ids for p in items[:micro]], n=generations, temperature=1.0,
             max_new_tokens=128, seed=(1, 1), device=device, chunk=micro,
         )  # fmt: skip
     out["rollouts"] = torch.cuda.max_memory_allocated() / gib
-    out["dtype"] = str(next(net.parameters()).dtype)  # type: ignore[assignment]
-    del answers
     return out
 
 

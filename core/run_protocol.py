@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from core.spec import JobSpec
+
+if TYPE_CHECKING:  # the training process never loads the service's settings
+    from core.settings import Settings
 
 # Exit codes of `python -m training.run`. torchrun reports any non-zero exit of its ranks as 1, so a
 # stop under torchrun is read from the records (a "stopped" record), not from the code.
@@ -57,8 +60,7 @@ class GradingConfig(BaseModel):
     concurrency: int = 8
 
     @classmethod
-    def from_settings(cls, settings: Any) -> GradingConfig:
-        """From core.settings.Settings."""
+    def from_settings(cls, settings: Settings) -> GradingConfig:
         return cls(
             python_cpu_seconds=settings.python_grader_cpu_seconds if settings.python_grader_enabled else None,
             python_memory_mb=settings.python_grader_memory_mb,
