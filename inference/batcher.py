@@ -2,12 +2,14 @@
 
 A request's `n` choices are rows. The scheduler (inference.scheduler) offers each waiting request to
 `admit`, then calls `step`, again and again:
-  - admit: render the prompt (a 400 here, before a stream starts), pin its adapter, prefill it alone and
-    add as many of its rows as the KV budget allows; the rest of its rows join in later steps, before any
-    newer request (first come, first served)
-  - step: one forward over all rows, each with its own adapter (peft's mixed-batch `adapter_names`; one
-    adapter, or none, is the plain forward of a lone request), each row's next token chosen with its own
-    sampling (inference.sampler) and streamed as soon as it is text; rows that end (stop string, end token,
+  - admit: render the prompt (a 400 here, before a stream starts), pin its adapter and reserve room for as
+    many of its rows as the KV budget allows; the rest of its rows join in later steps, before any newer
+    request (first come, first served)
+  - step: prefill the prompts admitted since the last step together (one forward, left-padded, each row
+    with its own adapter: requests that arrive together cost one forward, not one each), then one forward
+    over all rows, each with its own adapter (peft's mixed-batch `adapter_names`; one adapter, or none, is
+    the plain forward of a lone request), each row's next token chosen with its own sampling
+    (inference.sampler) and streamed as soon as it is text; rows that end (stop string, end token,
     max_tokens, the request's deadline, a client gone) leave at once and the others go on
 The KV budget bounds the padded cache (inference.kv): rows x the longest any of them may grow (prompt +
 max_tokens) stays within `max_batch_tokens`, so decoding never runs out of room midway; a row over the
@@ -27,7 +29,7 @@ from core.data.examples import Message
 from inference.engine import Engine, LoadedBase, Target
 from inference.errors import Busy, EngineError
 from inference.generation import Completion, Sampling, TextStream, device_of, eos_ids
-from inference.kv import BatchCache, mergeable
+from inference.kv import BatchCache, batchable
 from inference.lora_rows import AdapterRows
 from inference.sampler import next_tokens, row_generator
 from inference.scheduler import DONE, Outbox, Ticket
@@ -91,6 +93,7 @@ class Batcher:
         self.max_running = max_running
         self._jobs: list[_Job] = []
         self._rows: list[_Row] = []
+        self._prefill: list[tuple[_Job, list[int]]] = []  # choices admitted, prefilled at the next step
         self._cache = BatchCache()
         self._loaded: LoadedBase | None = None  # the base the jobs run on
         self._alone = False  # the base's cache cannot be batched: one row at a time
@@ -104,7 +107,8 @@ class Batcher:
 
     @property
     def running(self) -> int:
-        return len(self._rows)
+        """Rows decoding or about to (their prefill waits for the next step)."""
+        return len(self._rows) + sum(len(choices) for _, choices in self._prefill)
 
     # -- admission ----------------------------------------------------------------------------------
     def admit(self, ticket: Ticket) -> bool:
@@ -133,7 +137,8 @@ class Batcher:
         eos = set() if sampling.ignore_eos else eos_ids(loaded.model, loaded.tokenizer)
         deadline = time.monotonic() + request.generation_seconds  # for all its choices together
         job = _Job(ticket, request, prompt, sampling, slot, deadline, eos, list(range(request.n)), request.n)
-        self._loaded = loaded
+        if loaded is not self._loaded:
+            self._loaded, self._alone = loaded, not batchable(loaded.model.config)  # type: ignore[attr-defined]
         self._jobs.append(job)
         self._out.put(ticket, ("ready", len(prompt)))
         self._start_rows(job)
@@ -141,35 +146,52 @@ class Batcher:
 
     def _room(self, need: int) -> int:
         """How many more rows reaching `need` cache columns may join now."""
-        rows = len(self._rows)
-        if rows and self._alone:
-            return 0
-        widest = max([need, *(r.job.need for r in self._rows)])
+        rows = self.running
+        if self._alone:
+            return 0 if rows else 1
+        jobs = [r.job for r in self._rows] + [job for job, _ in self._prefill]
+        widest = max([need, *(job.need for job in jobs)])
         room = min(self.max_batch_tokens // widest, self.max_running) - rows
         return max(room, 0 if rows else 1)  # alone, a row always runs (the engine's one-request bound)
 
     def _start_rows(self, job: _Job) -> None:
-        """Prefill the job's prompt alone and add as many of its queued choices as fit."""
+        """Reserve room for as many of the job's queued choices as fit: prefilled at the next step."""
         count = min(self._room(job.need), len(job.queued))
-        if count < 1:
+        if count >= 1:
+            self._prefill.append((job, job.queued[:count]))
+            job.queued = job.queued[count:]
+
+    def _prefill_admitted(self) -> None:
+        """One forward over the prompts admitted since the last step (left-padded to the longest); each
+        choice's first token from its prompt's logits; the rows still going join the batch's cache."""
+        admitted, self._prefill = self._prefill, []
+        if not admitted:
             return
-        choices, job.queued = job.queued[:count], job.queued[count:]
         assert self._loaded is not None
-        ids = torch.tensor([job.prompt], dtype=torch.long, device=device_of(self._loaded.model))
         from transformers.cache_utils import DynamicCache
 
+        prompts = [job.prompt for job, _ in admitted]
+        width = max(len(p) for p in prompts)
+        device = device_of(self._loaded.model)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], dtype=torch.long, device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         cache = DynamicCache(config=self._loaded.model.config)  # type: ignore[attr-defined]
-        logits = self._forward([job.slot], input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache)
-        if not self._rows:
-            self._alone = not mergeable(cache)
-        if self._alone and len(choices) > 1:
-            choices, job.queued = choices[:1], choices[1:] + job.queued
-        rows = [self._row(job, c) for c in choices]
-        samplings, generators = [job.sampling] * len(rows), [r.generator for r in rows]
-        first = next_tokens(logits.expand(len(rows), -1), samplings, generators)
-        going = [row for row, token in zip(rows, first, strict=True) if not self._add(row, token)]
+        inputs = {"input_ids": ids, "attention_mask": mask, "cache": cache}
+        if len(admitted) > 1:  # each row counts its own tokens (a lone prompt has no padding)
+            inputs["position_ids"] = (mask.cumsum(1) - 1).clamp(min=0)
+        logits = self._forward([job.slot for job, _ in admitted], **inputs)
+        going: list[_Row] = []
+        sources: list[int] = []  # each going row's prompt in the prefill
+        for i, (job, choices) in enumerate(admitted):
+            rows = [self._row(job, c) for c in choices]
+            first = next_tokens(logits[i : i + 1].expand(len(rows), -1), [job.sampling] * len(rows),
+                                [r.generator for r in rows])  # fmt: skip
+            for row, token in zip(rows, first, strict=True):
+                if not self._add(row, token):
+                    going.append(row)
+                    sources.append(i)
         if going:
-            self._cache.join(cache, len(job.prompt), copies=len(going))
+            self._cache.join(cache, mask, sources)
             self._rows += going
 
     def _row(self, job: _Job, choice: int) -> _Row:
@@ -193,6 +215,7 @@ class Batcher:
 
     def _step(self) -> None:
         self._start_queued()
+        self._prefill_admitted()
         self._leave([i for i, row in enumerate(self._rows) if row.job.ended and self._cut(row)])
         if not self._rows:
             return
@@ -280,5 +303,5 @@ class Batcher:
             self.engine.unpin(job.request.target)
             self._out.put(job.ticket, ("error", error))
             self._out.put(job.ticket, DONE)
-        self._jobs, self._rows, self._cache = [], [], BatchCache()
+        self._jobs, self._rows, self._prefill, self._cache = [], [], [], BatchCache()
         self._out.flush()

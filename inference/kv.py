@@ -7,7 +7,8 @@ tokens sit at the right end of the width, so a new token lands in the same colum
 attention mask hides the padding on the left and each row's positions count its own tokens only, so a row
 computes what it would alone (up to float rounding of batched matmuls).
 
-A row joins prefilled on its own (a batch of one, no padding: the same forward as a lone request).
+Rows join prefilled: a lone prompt as a batch of one (no padding: the same forward as a lone request), the
+prompts admitted between two steps together, left-padded the same way.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import torch
 import torch.nn.functional as F
 
 
-def mergeable(cache) -> bool:
-    """Whether rows of this cache can be padded and stacked: every layer a plain growing one (full
-    attention). Sliding-window or static layers are not (their engine runs one row at a time)."""
+def batchable(config) -> bool:
+    """Whether rows of this model's cache can be padded and stacked: every layer of the cache its config
+    makes a plain growing one (full attention). Sliding-window layers are not (one row at a time)."""
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
-    return isinstance(cache, DynamicCache) and all(type(layer) is DynamicLayer for layer in cache.layers)
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers)
 
 
 class BatchCache:
@@ -40,23 +41,35 @@ class BatchCache:
     def width(self) -> int:
         return 0 if self.mask is None else int(self.mask.shape[1])
 
-    def join(self, cache, length: int, copies: int = 1) -> None:
-        """Add `copies` rows that share one prefilled cache (batch of one, `length` tokens, no padding)."""
+    def join(self, cache, mask: torch.Tensor, rows: Sequence[int]) -> None:
+        """Add rows of a prefilled cache: `mask` [its rows, width] is 1 where a row has a token (left
+        padding 0), and `rows` the ones to add, in order (a row twice for two choices of one prompt)."""
         layers = cache.layers
-        if copies > 1:
+        index = torch.tensor(rows, dtype=torch.long, device=mask.device)
+        if list(rows) != list(range(mask.shape[0])):
+            mask = mask.index_select(0, index)
             for layer in layers:
-                layer.keys = layer.keys.expand(copies, -1, -1, -1).contiguous()
-                layer.values = layer.values.expand(copies, -1, -1, -1).contiguous()
-        ones = torch.ones(copies, length, dtype=torch.long, device=layers[0].keys.device)
+                layer.keys, layer.values = (
+                    layer.keys.index_select(0, index),
+                    layer.values.index_select(0, index),
+                )
+        lengths = mask.sum(dim=1).tolist()
+        start = mask.shape[1] - max(lengths)  # padding columns no added row needs
+        if start:
+            mask = mask[:, start:]
+            for layer in layers:
+                layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
         if self.cache is None or self.mask is None:
-            self.cache, self.mask, self.lengths = cache, ones, [length] * copies
+            self.cache, self.mask, self.lengths = cache, mask, lengths
             return
-        width = max(self.width, length)
+        width = max(self.width, mask.shape[1])
         for mine, new in zip(self.cache.layers, layers, strict=True):
             mine.keys = torch.cat([_pad_left(mine.keys, width), _pad_left(new.keys, width)])
             mine.values = torch.cat([_pad_left(mine.values, width), _pad_left(new.values, width)])
-        self.mask = torch.cat([F.pad(self.mask, (width - self.width, 0)), F.pad(ones, (width - length, 0))])
-        self.lengths += [length] * copies
+        self.mask = torch.cat(
+            [F.pad(self.mask, (width - self.width, 0)), F.pad(mask, (width - mask.shape[1], 0))]
+        )
+        self.lengths += lengths
 
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only these rows (in this order), and drop the padding columns no row needs any more."""

@@ -120,6 +120,38 @@ def test_mixed_adapters_joining_at_different_steps_answer_as_alone(engine: Engin
     assert engine._pinned == {}  # every adapter released
 
 
+def test_prompts_admitted_together_are_prefilled_in_one_forward_and_answer_as_alone(engine: Engine) -> None:
+    """Requests that arrive together (a burst of clients): their prompts, of different lengths and for
+    different adapters, are prefilled in one left-padded forward; each answers as it would alone, and a
+    request with n=2 gets both rows from its one prefilled prompt."""
+    sampling = Sampling(max_tokens=8, temperature=0, ignore_eos=True)
+    jobs = [(m, p) for m in ("ad11", BASE, "ad12") for p in PROMPTS]
+    batcher = Batcher(engine)
+    forwards = 0
+    forward = batcher._forward
+
+    def counted(*args, **kwargs):
+        nonlocal forwards
+        forwards += 1
+        return forward(*args, **kwargs)
+
+    batcher._forward = counted  # type: ignore[method-assign]
+    tickets = [
+        chat(engine, model, text, sampling, n=2 if i == 0 else 1) for i, (model, text) in enumerate(jobs)
+    ]
+    assert all(batcher.admit(t) for t in tickets)
+    assert batcher.running == len(jobs) + 1
+    batcher.step()
+    assert forwards == 2  # one prefill for all, one decoding step
+    drain(batcher)
+    for (model, text), ticket in zip(jobs, tickets, strict=True):
+        expected = alone(engine, model, text, sampling)[0].token_ids
+        assert [c.token_ids for c in ticket.finished().values()] == [expected] * (
+            2 if ticket is tickets[0] else 1
+        )
+    assert forwards == 1 + 7  # nothing prefilled twice: 8 tokens, the first from the prefill
+
+
 def test_a_request_joining_mid_decode_finishes_first_and_nobody_stalls(engine: Engine) -> None:
     long = Sampling(max_tokens=30, temperature=0, ignore_eos=True)
     short = Sampling(max_tokens=4, temperature=0, ignore_eos=True)
