@@ -23,15 +23,17 @@ MAX_LORA_RANK = 64  # the rank adapters are counted at (vLLM's --max-lora-rank i
 MiB = 2**20
 
 
-def engine_bound(catalog: Catalog) -> int:
-    """Bytes the engine may use: the serving bound of the largest catalog model (0: no model it can plan)."""
+def engine_bound(catalog: Catalog, max_batch_tokens: int = 2048, max_running: int = 32) -> int:
+    """Bytes the engine may use: the serving bound of the largest catalog model (0: no model it can plan),
+    for the batch the engine runs (FTUNE_INFERENCE_MAX_BATCH_TOKENS, FTUNE_INFERENCE_MAX_RUNNING)."""
     bound = 0
     for info in catalog.list():
         try:
             arch = load_architecture(info.path)
         except FtuneError:
             continue  # an architecture the planner does not know; the engine refuses it too
-        bound = max(bound, serving_bytes(arch, max_adapters=MAX_ADAPTERS, lora_r=MAX_LORA_RANK))
+        shape = {"max_batch": max_running, "max_batch_tokens": max_batch_tokens}
+        bound = max(bound, serving_bytes(arch, max_adapters=MAX_ADAPTERS, lora_r=MAX_LORA_RANK, **shape))
     return bound
 
 

@@ -108,7 +108,8 @@ def plan_engine(settings: Settings, env: dict[str, str]) -> tuple[int, str]:
     from core.catalog import Catalog
     from worker.devices import detect_devices
 
-    bound = engine_bound(Catalog(settings.models_dir, settings.hf_cache_dir))
+    catalog = Catalog(settings.models_dir, settings.hf_cache_dir)
+    bound = engine_bound(catalog, settings.inference_max_batch_tokens, settings.inference_max_running)
     devices = detect_devices(env.get("FTUNE_WORKER_DEVICES", ""))
     return bound, training_devices(devices, bound)
 

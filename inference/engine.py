@@ -72,6 +72,8 @@ class Engine:
         max_bases: int = 1,
         memory_bytes: int | None = None,
         adapter_root: Path | None = None,
+        max_batch_tokens: int = 2048,
+        max_running: int = 32,
     ) -> None:
         if max_adapters < 1 or max_bases < 1:
             raise ValueError("max_adapters and max_bases must be at least 1")
@@ -80,6 +82,7 @@ class Engine:
         self.max_bases = max_bases
         self.memory_bytes = memory_bytes
         self.adapter_root = adapter_root
+        self.batch = {"max_batch_tokens": max_batch_tokens, "max_batch": max_running}  # the planner's shape
         self._lock = threading.Lock()  # guards the registry (written by the server, read by generation)
         self._registry: dict[str, Adapter] = {}
         self._bases: OrderedDict[str, LoadedBase] = OrderedDict()  # oldest use first
@@ -253,7 +256,7 @@ class Engine:
         while len(self._bases) >= self.max_bases:
             self._bases.popitem(last=False)
             gc.collect()  # free the dropped weights before loading the next base
-        loaded = load_base(self.catalog.get(name))
+        loaded = load_base(self.catalog.get(name), **self.batch)
         self._bases[name] = loaded
         return loaded
 
@@ -328,9 +331,10 @@ def _is_peft(model) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 
 
-def load_base(info: BaseModelInfo, max_seq_len: int = 2048) -> LoadedBase:
+def load_base(info: BaseModelInfo, max_seq_len: int = 2048, **batch: int) -> LoadedBase:
     """A catalog model as training loads it (training.model: the checkpoint's dtype, local files only,
-    never remote code, safetensors weights), in eval mode with the KV cache on."""
+    never remote code, safetensors weights), in eval mode with the KV cache on. `batch`: the batcher's
+    max_batch_tokens and max_batch (rows), for the memory bound."""
     from transformers import AutoModelForCausalLM
 
     from core.arch import load_architecture
@@ -352,6 +356,7 @@ def load_base(info: BaseModelInfo, max_seq_len: int = 2048) -> LoadedBase:
             load_architecture(info.path),
             max_adapters=0,
             max_seq_len=min(context, max_seq_len),
+            **batch,
             dtype=str(dtype).removeprefix("torch."),
         )
     except Exception:  # an architecture the planner does not know: weights only

@@ -33,14 +33,28 @@ def catalog(tmp_path: Path, **configs: dict[str, object]) -> Catalog:
 
 def test_the_bound_is_the_largest_catalog_models(tmp_path: Path) -> None:
     cat = catalog(tmp_path, small=SMALL, large=LARGE, odd={"model_type": "unknown-arch"})
-    expected = serving_bytes(
-        load_architecture(tmp_path / "models" / "large"), max_adapters=MAX_ADAPTERS, lora_r=MAX_LORA_RANK
-    )
-    small = serving_bytes(
-        load_architecture(tmp_path / "models" / "small"), max_adapters=MAX_ADAPTERS, lora_r=MAX_LORA_RANK
-    )
+    shape = {"max_adapters": MAX_ADAPTERS, "lora_r": MAX_LORA_RANK, "max_batch": 32, "max_batch_tokens": 2048}
+    expected = serving_bytes(load_architecture(tmp_path / "models" / "large"), **shape)
+    small = serving_bytes(load_architecture(tmp_path / "models" / "small"), **shape)
     assert engine_bound(cat) == expected > small > 0
     assert engine_bound(catalog(tmp_path / "empty")) == 0
+
+
+def test_the_bound_follows_the_batch_the_engine_runs(tmp_path: Path) -> None:
+    """FTUNE_INFERENCE_MAX_BATCH_TOKENS above a lone request's 2048 tokens: the KV cache and the prefill grow
+    with it, token for token; more rows add their logits."""
+    cat = catalog(tmp_path, large=LARGE)
+    arch = load_architecture(tmp_path / "models" / "large")
+    q_dim, kv_dim = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+    kv = 2 * kv_dim * 4 * (arch.num_layers + 1)  # fp32 k and v of every layer, +1 while one grows
+    prefill = (
+        4 * (2 * arch.hidden_size + 2 * q_dim + 2 * kv_dim + 3 * arch.intermediate_size)
+        + 4 * arch.hidden_size
+    )
+    per_token = kv + prefill
+    assert engine_bound(cat, 8192, 32) - engine_bound(cat) == 6144 * per_token
+    assert engine_bound(cat, 1024, 32) == engine_bound(cat)  # a lone request may still take 2048
+    assert engine_bound(cat, 2048, 64) - engine_bound(cat) == 32 * arch.vocab_size * (4 + 3 * 4)
 
 
 def test_the_training_worker_declares_the_device_less_the_bound() -> None:

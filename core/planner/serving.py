@@ -7,14 +7,16 @@ resident under a memory budget (`max_resident_adapters`). Terms, each an upper b
                  the rotary inverse frequencies (an fp32 buffer of head_dim / 2, and its original copy)
   LoRA adapters  max_adapters x r x (in + out) per wrapped linear (arch.lora_targets), in fp32: peft keeps
                  adapter weights in fp32 whatever the base dtype (autocast_adapter_dtype)
-  KV cache       k and v of every layer for max_batch x max_seq_len tokens (num_kv_heads x head_dim each),
-                 plus one layer's worth again: a growing cache concatenates a layer's new tensors while the
-                 old ones are still alive
-  prefill        the forward of a whole prompt: the residual stream, q/k/v/attention out, and a gated MLP's
-                 gate, up and product for every prompt token of one layer at a time (SDPA's fused kernels
-                 materialize no seq x seq scores; the eager kernel would add heads x seq^2)
-  logits         generation computes logits for the last position only: per sequence the vocab row in the
-                 model dtype, its fp32 copy, and the processed scores and probabilities (fp32)
+  KV cache       k and v of every layer for the tokens the engine may hold (num_kv_heads x head_dim each):
+                 its batch's budget `max_batch_tokens` (rows x the longest any may grow; inference.batcher)
+                 or one lone request of max_seq_len, whichever is more; plus one layer's worth again: a
+                 growing cache concatenates a layer's new tensors while the old ones are still alive
+  prefill        the forward of the prompts prefilled together (within the same tokens): the residual
+                 stream, q/k/v/attention out, and a gated MLP's gate, up and product for every prompt token
+                 of one layer at a time (SDPA's fused kernels materialize no seq x seq scores; the eager
+                 kernel would add heads x seq^2)
+  logits         generation computes logits for the last position only: per sequence (max_batch rows)
+                 the vocab row in the model dtype, its fp32 copy, the processed scores and probabilities
 """
 
 from __future__ import annotations
@@ -40,14 +42,17 @@ def serving_terms(
     lora_targets: list[str] | str = DEFAULT_TARGETS,
     max_batch: int = 1,
     max_seq_len: int = 2048,
+    max_batch_tokens: int | None = None,
     dtype: str | None = None,
 ) -> tuple[list[Term], int]:
-    """The engine's memory by term and their total (bytes). `dtype`: the base weights' (None: config.json's,
-    float32 when it says nothing, as the engine loads them). Adapters are counted at rank `lora_r` on
-    `lora_targets`: pass the largest rank and widest targets the engine may be asked to serve."""
+    """The engine's memory by term and their total (bytes). `max_batch`: rows decoding at once;
+    `max_batch_tokens`: the batch's KV budget (None: max_batch x max_seq_len); a lone request may still
+    reach `max_seq_len`. `dtype`: the base weights' (None: config.json's, float32 when it says nothing, as
+    the engine loads them). Adapters are counted at rank `lora_r` on `lora_targets`: pass the largest rank
+    and widest targets the engine may be asked to serve."""
     store = dtype or arch.config_dtype or "float32"
     e = DTYPE_BYTES[store]
-    tokens = max_batch * max_seq_len
+    tokens = max_batch * max_seq_len if max_batch_tokens is None else max(max_batch_tokens, max_seq_len)
     one_adapter = adapter_bytes(arch, lora_r, lora_targets)
     kv_per_token_layer = 2 * arch.num_kv_heads * arch.head_dim * e
     q_dim, kv_dim = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
@@ -76,7 +81,7 @@ def serving_terms(
             bytes=(arch.num_layers + 1) * kv_per_token_layer * tokens,
             note=(
                 f"k, v of {arch.num_layers} layers (+1 while a layer's cache grows) x {arch.num_kv_heads} "
-                f"kv heads x {arch.head_dim} x {e} B for {max_batch} x {max_seq_len} tokens"
+                f"kv heads x {arch.head_dim} x {e} B for {tokens:,} tokens"
             ),
         ),
         Term(
@@ -109,6 +114,7 @@ def max_resident_adapters(
     lora_targets: list[str] | str = DEFAULT_TARGETS,
     max_batch: int = 1,
     max_seq_len: int = 2048,
+    max_batch_tokens: int | None = None,
     dtype: str | None = None,
 ) -> int:
     """How many adapters of this shape fit beside the base and the generation buffers in `memory_bytes`
@@ -120,6 +126,7 @@ def max_resident_adapters(
         lora_targets=lora_targets,
         max_batch=max_batch,
         max_seq_len=max_seq_len,
+        max_batch_tokens=max_batch_tokens,
         dtype=dtype,
     )
     one = adapter_bytes(arch, lora_r, lora_targets)
