@@ -6,9 +6,11 @@ before any weights are fetched, custom code (`auto_map`) is refused (ftune never
 and only safetensors weights and known text files are requested, never pickle (*.bin, *.pt, *.ckpt).
 
 Files land in a staging directory, `models_dir/.pulls/<org>--<name>/<commit>/`, which the catalog never
-lists; a rerun after an interruption skips every file already complete there (huggingface_hub's local_dir
-metadata), and the model is moved to `models_dir/<org>/<name>/` in one atomic swap only when all of it is
-in. The commit the revision resolved to is recorded beside it (catalog.PULL_RECORD).
+lists: each is written to `<file>.part` and renamed when complete. A rerun after an interruption (a broken
+connection, a killed process) skips every complete file and continues a `.part` from its last byte (an
+HTTP Range request; huggingface_hub's http_get, which also retries a dropped connection within a run), and
+the model is moved to `models_dir/<org>/<name>/` in one atomic swap only when all of it is in. The commit
+the revision resolved to is recorded beside it (catalog.PULL_RECORD).
 
 HF_ENDPOINT (a mirror), HF_TOKEN (private or gated repos) and HF_HUB_OFFLINE are read when a pull starts.
 huggingface_hub is imported here lazily, so that core stays fast to import.
@@ -78,13 +80,11 @@ class PullProgress:
 
     @property
     def bytes_done(self) -> int:
-        """Complete files, plus what of the current one is on disk: huggingface_hub writes it in 10 MB
-        chunks to `<staging>/.cache/huggingface/download/*.incomplete` (without one, it moves per file)."""
+        """Complete files, plus what of the current one is on disk (its `.part`)."""
         partial = 0
         if self.file is not None and self.staging is not None:
             with suppress(OSError):
-                found = (self.staging / ".cache" / "huggingface" / "download").rglob("*.incomplete")
-                partial = max((f.stat().st_size for f in found), default=0)
+                partial = _part(self.staging / self.file).stat().st_size
         return self.bytes_before + min(partial, self.file_bytes)
 
 
@@ -150,7 +150,7 @@ def _pull(
     say: Progress,
     progress: PullProgress,
 ) -> PulledModel:
-    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub import HfApi
 
     say(f"resolving {repo_id}@{revision or 'main'} on {endpoint}")
     info = HfApi(endpoint=endpoint).model_info(repo_id, revision=revision, files_metadata=True, timeout=30)
@@ -180,15 +180,7 @@ def _pull(
     progress.stage, progress.staging = "checking", staging
 
     def fetch(filename: str) -> Path:
-        return Path(
-            hf_hub_download(
-                repo_id,
-                filename,
-                revision=sha,
-                local_dir=staging,
-                endpoint=endpoint,
-            )
-        )
+        return _download(repo_id, filename, sha, endpoint, staging / filename, listed.get(filename))
 
     # The architecture first, from config.json alone: nothing else is fetched for a model ftune cannot train.
     config = _read_json(fetch(CONFIG))
@@ -236,6 +228,33 @@ def _pull(
     progress.stage = "done"
     say(f"registered {repo_id} at {target} (commit {sha})")
     return PulledModel(repo_id, target, sha, {f: listed.get(f) for f in files})
+
+
+def _download(repo_id: str, filename: str, sha: str, endpoint: str, dest: Path, size: int | None) -> Path:
+    """The file at this commit into `dest`, through `<dest>.part`: continued from its last byte when a
+    pull before this one was cut off (HF_TOKEN sent to the Hub only: httpx drops it on a cross-host
+    redirect to the CDN)."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    if dest.is_file():  # renamed into place only when complete
+        return dest
+    part = _part(dest)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    url = hf_hub_url(repo_id, filename, revision=sha, endpoint=endpoint)
+    with part.open("ab") as f:
+        done = f.tell()
+        if size is not None and done > size:  # not this file's bytes: start again
+            f.truncate(0)
+            done = 0
+        http_get(url, f, resume_size=done, headers=build_hf_headers(), expected_size=size)
+    os.replace(part, dest)
+    return dest
+
+
+def _part(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".part")
 
 
 def _refuse_without_safetensors(repo_id: str, listed: dict[str, int | None]) -> None:

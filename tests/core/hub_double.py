@@ -31,6 +31,7 @@ class HubDouble:
     repos: dict[str, Repo] = field(default_factory=dict)
     requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path)
     authorizations: list[str | None] = field(default_factory=list)  # each request's Authorization header
+    ranges: list[str | None] = field(default_factory=list)  # each request's Range header
     # A GET of this file sends half of it and hangs up; later requests for it get 503 until it is cleared.
     break_file: str | None = None
     _broken: bool = False
@@ -79,6 +80,7 @@ def _handler(hub: HubDouble) -> type[BaseHTTPRequestHandler]:
             path = unquote(urlsplit(self.path).path)
             hub.requests.append((self.command, path))
             hub.authorizations.append(self.headers.get("Authorization"))
+            hub.ranges.append(self.headers.get("Range"))
             if m := _INFO.match(path):
                 return self._info(m["repo"], m["rev"] or "main")
             if m := _RESOLVE.match(path):
