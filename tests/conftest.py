@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,39 @@ def reachable(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+@contextmanager
+def redis_database() -> Iterator[str]:
+    """The URL of a database of the local Redis (1-15) that no other test holds meanwhile (tests run in
+    parallel workers): claimed with SET NX, emptied, emptied again and released when the block ends."""
+    import redis
+
+    claim = "ftune-test:claimed-by"
+    for db in range(1, 16):
+        client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=db)
+        if client.set(claim, os.getpid(), nx=True, ex=3600):  # a crashed run's claim lapses in an hour
+            break
+        client.close()
+    else:
+        raise RuntimeError("every Redis database 1-15 is claimed by another test")
+    try:
+        for key in client.scan_iter():
+            if key != claim.encode():
+                client.delete(key)
+        yield f"redis://{REDIS_HOST}:{REDIS_PORT}/{db}"
+    finally:
+        client.flushdb()
+        client.close()
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """A database of the local Redis of this test's own (redis_database). Skipped where none runs."""
+    if not reachable(REDIS_HOST, REDIS_PORT):
+        pytest.skip(f"Redis is not running on {REDIS_HOST}:{REDIS_PORT}")
+    with redis_database() as url:
+        yield url
 
 
 @pytest.fixture

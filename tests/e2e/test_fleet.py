@@ -12,7 +12,6 @@ stack for both tests, one-step jobs (a job's cost here is its training process s
 
 from __future__ import annotations
 
-import random
 import signal
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from core.spec import JobSpec
 from models.db import make_engine, make_session_factory, session_scope
 from models.tables import Job, JobEvent, Worker
 from models.tenants import create_key
-from tests.conftest import reachable
+from tests.conftest import reachable, redis_database
 from tests.e2e.stack import AUTH, REPO, Proc, env_for, free_port, wait_finished, wait_ready
 
 pytestmark = [
@@ -50,15 +49,11 @@ COMMON = {"base_model": "ftune-demo", "method": "lora", "max_steps": 1, "checkpo
 
 
 class Fleet:
-    def __init__(self, tmp: Path, models_dir: Path) -> None:
+    def __init__(self, tmp: Path, models_dir: Path, redis_url: str) -> None:
         port = free_port()
         self.base = f"http://127.0.0.1:{port}"
         self.tmp = tmp
         self.db_url = f"sqlite:///{tmp / 'fleet.db'}"
-        redis_url = f"redis://127.0.0.1:6379/{random.randint(1, 15)}"
-        import redis
-
-        redis.Redis.from_url(redis_url).flushdb()
         self.env = env_for(
             tmp,
             models_dir,
@@ -129,7 +124,11 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Iterator[Fleet]:
-    f = Fleet(tmp_path_factory.mktemp("fleet"), models_dir)
+    with redis_database() as redis_url:
+        yield from _started(Fleet(tmp_path_factory.mktemp("fleet"), models_dir, redis_url))
+
+
+def _started(f: Fleet) -> Iterator[Fleet]:
     try:
         for name in WORKERS:
             f.start_worker(name)

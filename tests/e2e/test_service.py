@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import random
 import re
 import stat
 import subprocess
@@ -21,7 +20,6 @@ import httpx
 import pytest
 import torch
 
-from tests.conftest import reachable
 from tests.e2e.stack import (
     REPO,
     Proc,
@@ -171,12 +169,10 @@ def test_make_up_keeps_its_files_and_its_broker_to_itself(up: Up) -> None:
         redis.Redis.from_url(url.replace(f":{password}@", "")).ping()
 
 
-@pytest.mark.skipif(not reachable("127.0.0.1", 6379), reason="Redis is not running on 127.0.0.1:6379")
 def test_separate_api_and_worker_on_postgres_and_redis(
-    models_dir: Path, tmp_path: Path, postgres_url: str
+    models_dir: Path, tmp_path: Path, postgres_url: str, redis_url: str
 ) -> None:
     port = free_port()
-    redis_url = f"redis://127.0.0.1:6379/{random.randint(1, 15)}"
     env = env_for(
         tmp_path,
         models_dir,
@@ -185,9 +181,6 @@ def test_separate_api_and_worker_on_postgres_and_redis(
         FTUNE_REDIS_URL=redis_url,
         FTUNE_WORKER_NAME=f"pgworker-{port}",
     )
-    import redis
-
-    redis.Redis.from_url(redis_url).flushdb()
     subprocess.run([sys.executable, "-m", "cli", "migrate"], env=env, check=True, cwd=REPO)
     base = f"http://127.0.0.1:{port}"
     server = Proc(["api"], env, tmp_path / "api.log")
