@@ -4,7 +4,9 @@ peft can mix adapters in one batch (`model(..., adapter_names=[one per row])`) a
 (`with model.disable_adapter()`), but each call walks the whole module tree, and its mixed batch gathers
 and scatters every adapter's rows in every layer: on a small model on a CPU that is more time than the
 step's matmuls. Here peft's LoRA layers are switched off once (they return their base layer's output) and
-a permanent forward hook on each adds the LoRA delta of every row:
+each one's forward is wrapped for good (an instance attribute, not a module hook: hooks put every call of
+the layer on torch's slower path, several percent of a lone request's time) to add the LoRA delta of every
+row:
   - rows that all use one adapter: `lora_B(lora_A(x)) * scaling`, peft's own operations in its order, so
     a request alone computes exactly what peft computes for it
   - rows that mix adapters: one matmul with every resident adapter's A stacked, a per-row mask that keeps
@@ -23,7 +25,7 @@ from typing import Any
 import torch
 
 BASE_ROWS = "__base__"  # peft's name, in a mixed batch, for rows that use no adapter
-_HOOKED = "_ftune_adapter_rows"  # set on a LoRA layer once it has the hook
+_WRAPPED = "_ftune_adapter_rows"  # set on a LoRA layer once its forward is wrapped
 _STACKED = (
     "_ftune_stacked"  # (its adapter slots, A stacked, B side by side, owner and scaling of each column)
 )
@@ -34,7 +36,7 @@ class AdapterRows:
     def __init__(self) -> None:
         self._seen: tuple[int, tuple[str, ...]] | None = None  # (model, its adapters) when layers were found
         self._layers: list[Any] = []
-        self._own = True  # the hook computes the deltas (False: peft's mixed batch)
+        self._own = True  # the wrapper computes the deltas (False: peft's mixed batch)
 
     def forward(self, model, slots: Sequence[str], inputs: dict):
         """model(**inputs) with row i using adapter slot `slots[i]` (BASE_ROWS: none)."""
@@ -66,10 +68,9 @@ class AdapterRows:
         self._layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
         self._own = all(type(m) is Linear and not m.lora_variant for m in self._layers)
         for layer in self._layers:
-            if not getattr(layer, _HOOKED, False):
-                layer.register_forward_pre_hook(_pass_names, with_kwargs=True)
-                layer.register_forward_hook(_add_deltas, with_kwargs=True)
-                setattr(layer, _HOOKED, True)
+            if not getattr(layer, _WRAPPED, False):
+                layer.forward = _rows_forward.__get__(layer)  # torch calls self.forward: this one
+                setattr(layer, _WRAPPED, True)
         self._seen = seen
 
     def _peft_forward(self, model, slots: Sequence[str], inputs: dict):
@@ -93,20 +94,21 @@ class AdapterRows:
                 model.base_model.disable_adapter_layers()
 
 
-def _pass_names(module, args, kwargs):
+def _rows_forward(module, x, *args, **kwargs):
+    """peft's own forward (with the rows' adapter names in its mixed batch), plus each row's delta."""
     names = getattr(_step, "names", None)
-    return None if names is None else (args, {**kwargs, "adapter_names": names})
-
-
-def _add_deltas(module, args, kwargs, result):
+    if names is not None:
+        kwargs["adapter_names"] = names
+    result = type(module).forward(module, x, *args, **kwargs)
     slots = getattr(_step, "slots", None)
-    if slots is None:
-        return None
-    x = args[0] if args else kwargs["x"]
+    return result if slots is None else _add_deltas(module, x, slots, result)
+
+
+def _add_deltas(module, x, slots, result):
     slot = _step.one
     if slot is not None:  # peft's forward for one active adapter, step for step
         if slot not in module.lora_A:
-            return None
+            return result
         lora_A, lora_B = module.lora_A[slot], module.lora_B[slot]
         x = module._cast_input_dtype(x, lora_A.weight.dtype)
         return (result + lora_B(lora_A(module.lora_dropout[slot](x))) * module.scaling[slot]).to(result.dtype)
