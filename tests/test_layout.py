@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grimp
@@ -113,6 +115,41 @@ def test_compose_runs_the_inference_engine_beside_the_api() -> None:
     pulls_on = str(services["api"]["environment"].get("FTUNE_HUB_PULL_ENABLED", "true")).lower() == "true"
     assert api_mounts["/models"].endswith(":ro") != pulls_on
     assert {v.split(":")[1]: v for v in services["worker"]["volumes"]}["/models"].endswith(":ro")
+
+
+@pytest.mark.slow
+def test_the_compose_engine_command_runs_and_its_health_check_passes(tmp_path: Path) -> None:
+    """What the compose engine service runs, run here (no Docker engine): its command as written, with its
+    environment (the volumes as local folders), answers its health check as written, and wants the key
+    on everything else."""
+    import httpx
+
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    engine = services["inference"]
+    env = {k: str(v) for k, v in engine["environment"].items() if not str(v).startswith("${")}
+    env |= {"FTUNE_DATA_DIR": str(tmp_path / "data"), "FTUNE_MODELS_DIR": str(tmp_path / "models")}
+    env |= {"FTUNE_INFERENCE_API_KEY": "k" * 32, "PATH": str(Path(sys.executable).parent)}
+    (tmp_path / "models").mkdir()
+    with socket.socket() as s:  # the health check names the port: nothing else may answer it
+        s.bind(("127.0.0.1", 8001))
+    proc = subprocess.Popen(
+        engine["command"], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
+    probe = [sys.executable if part == "python" else part for part in engine["healthcheck"]["test"][1:]]
+    try:
+        for _ in range(120):
+            if subprocess.run(probe, capture_output=True).returncode == 0:
+                break
+            assert proc.poll() is None, "the engine exited"
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the health check never passed")
+        url = "http://127.0.0.1:8001/v1/models"
+        assert httpx.get(url).status_code == 401
+        assert httpx.get(url, headers={"Authorization": "Bearer " + "k" * 32}).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def test_the_image_holds_the_engine_and_not_the_local_environment() -> None:
