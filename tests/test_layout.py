@@ -131,6 +131,7 @@ def test_the_compose_engine_command_runs_and_its_health_check_passes(tmp_path: P
     env |= {"FTUNE_INFERENCE_API_KEY": "k" * 32, "PATH": str(Path(sys.executable).parent)}
     (tmp_path / "models").mkdir()
     with socket.socket() as s:  # the health check names the port: nothing else may answer it
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no owner
         s.bind(("127.0.0.1", 8001))
     proc = subprocess.Popen(
         engine["command"], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
