@@ -85,12 +85,15 @@ class _Row:
 
 
 class Batcher:
-    def __init__(self, engine: Engine, *, max_batch_tokens: int = 2048, max_running: int = 32) -> None:
-        if max_batch_tokens < 1 or max_running < 1:
-            raise ValueError("max_batch_tokens and max_running must be at least 1")
+    def __init__(
+        self, engine: Engine, *, max_batch_tokens: int | None = None, max_running: int | None = None
+    ) -> None:
+        """The bounds default to the engine's (those its memory bound was planned for)."""
         self.engine = engine
-        self.max_batch_tokens = max_batch_tokens
-        self.max_running = max_running
+        self.max_batch_tokens = engine.max_batch_tokens if max_batch_tokens is None else max_batch_tokens
+        self.max_running = engine.max_running if max_running is None else max_running
+        if self.max_batch_tokens < 1 or self.max_running < 1:
+            raise ValueError("max_batch_tokens and max_running must be at least 1")
         self._jobs: list[_Job] = []
         self._rows: list[_Row] = []
         self._prefill: list[tuple[_Job, list[int]]] = []  # choices admitted, prefilled at the next step

@@ -82,7 +82,8 @@ class Engine:
         self.max_bases = max_bases
         self.memory_bytes = memory_bytes
         self.adapter_root = adapter_root
-        self.batch = {"max_batch_tokens": max_batch_tokens, "max_batch": max_running}  # the planner's shape
+        self.max_batch_tokens = max_batch_tokens  # the batcher's bounds, which the memory bound counts
+        self.max_running = max_running
         self._lock = threading.Lock()  # guards the registry (written by the server, read by generation)
         self._registry: dict[str, Adapter] = {}
         self._bases: OrderedDict[str, LoadedBase] = OrderedDict()  # oldest use first
@@ -256,7 +257,7 @@ class Engine:
         while len(self._bases) >= self.max_bases:
             self._bases.popitem(last=False)
             gc.collect()  # free the dropped weights before loading the next base
-        loaded = load_base(self.catalog.get(name), **self.batch)
+        loaded = load_base(self.catalog.get(name), self.max_batch_tokens, self.max_running)
         self._bases[name] = loaded
         return loaded
 
@@ -331,10 +332,12 @@ def _is_peft(model) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 
 
-def load_base(info: BaseModelInfo, max_seq_len: int = 2048, **batch: int) -> LoadedBase:
+def load_base(
+    info: BaseModelInfo, max_batch_tokens: int = 2048, max_running: int = 32, max_seq_len: int = 2048
+) -> LoadedBase:
     """A catalog model as training loads it (training.model: the checkpoint's dtype, local files only,
-    never remote code, safetensors weights), in eval mode with the KV cache on. `batch`: the batcher's
-    max_batch_tokens and max_batch (rows), for the memory bound."""
+    never remote code, safetensors weights), in eval mode with the KV cache on; its memory bound counts
+    the batcher's bounds (max_batch_tokens, max_running rows)."""
     from transformers import AutoModelForCausalLM
 
     from core.arch import load_architecture
@@ -356,7 +359,8 @@ def load_base(info: BaseModelInfo, max_seq_len: int = 2048, **batch: int) -> Loa
             load_architecture(info.path),
             max_adapters=0,
             max_seq_len=min(context, max_seq_len),
-            **batch,
+            max_batch=max_running,
+            max_batch_tokens=max_batch_tokens,
             dtype=str(dtype).removeprefix("torch."),
         )
     except Exception:  # an architecture the planner does not know: weights only

@@ -88,13 +88,9 @@ def create_app(
     timeout_seconds: float = 120.0,
     generation_seconds: float = 120.0,
     api_key: str = "",
-    max_batch_tokens: int = 2048,
-    max_running: int = 32,
     sequential: bool = False,
 ) -> FastAPI:
-    executor = (
-        None if sequential else Batcher(engine, max_batch_tokens=max_batch_tokens, max_running=max_running)
-    )
+    executor = None if sequential else Batcher(engine)
     scheduler = Scheduler(max_waiting=max_waiting, timeout_seconds=timeout_seconds, executor=executor)
 
     @asynccontextmanager
@@ -365,15 +361,13 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parse_args(argv)
     settings = Settings()
-    max_batch_tokens = args.max_batch_tokens or settings.inference_max_batch_tokens
-    max_running = args.max_running or settings.inference_max_running
     engine = Engine(
         Catalog(settings.models_dir, settings.hf_cache_dir),
         max_adapters=args.max_adapters,
         memory_bytes=args.memory_bytes,
         adapter_root=args.adapter_root.resolve() if args.adapter_root else None,
-        max_batch_tokens=max_batch_tokens,
-        max_running=max_running,
+        max_batch_tokens=args.max_batch_tokens or settings.inference_max_batch_tokens,
+        max_running=args.max_running or settings.inference_max_running,
     )
     app = create_app(
         engine,
@@ -381,8 +375,6 @@ def main(argv: list[str] | None = None) -> None:
         timeout_seconds=args.timeout_seconds,
         generation_seconds=args.generation_seconds or settings.inference_generation_seconds,
         api_key=settings.inference_api_key,
-        max_batch_tokens=max_batch_tokens,
-        max_running=max_running,
         sequential=args.sequential,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
