@@ -3,26 +3,29 @@ planner against the allocator, for a few configs of bench/gpu_check.py's 1.1B Ll
 
     python bench/gpu_grpo.py [--steps 4] [--keep DIR]
 
-Each config is one `training.run` of an exact-match string_check grader on synthetic prompts; printed side
-by side: the plan's allocated and reserved peaks (the start record) against max_memory_allocated and
-max_memory_reserved (the step records), and the mean seconds of each phase from step 2 on.
+Each config is one `python -m training.run` process (as a worker runs a job) of an exact-match
+string_check grader on synthetic prompts; printed side by side: the plan's allocated and reserved peaks (the
+start record) against max_memory_allocated and max_memory_reserved (the step records), and the mean seconds
+of each phase from step 2 on.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from bench.gpu_check import build_model
 from core.run_protocol import RunConfig
 from core.spec import JobSpec
-from training.run import run
+from training import run
 
 GRADER = {"type": "string_check", "name": "exact", "operation": "eq"}
 GRADER |= {"input": "{{sample.output_text}}", "reference": "{{item.answer}}"}
@@ -52,9 +55,15 @@ def one(model: Path, data: Path, out: Path, steps: int, config: dict[str, Any]) 
         max_seq_len=512, max_completion_tokens=128, lora_r=16, lora_dropout=0.0, checkpoint_every_steps=0,
         temperature=1.0, **fields,
     )  # fmt: skip
-    rc = run(
-        RunConfig(job_id="grpo", spec=spec, model_dir=str(model), dataset_path=str(data), output_dir=str(out))
+    # Its own process, as a worker runs a job: CUDA's peak statistics are per process, so configs run one
+    # after another in this one would each report the highest peak so far.
+    config_json = out.parent / f"{out.name}.json"
+    config_json.write_text(
+        RunConfig(
+            job_id="grpo", spec=spec, model_dir=str(model), dataset_path=str(data), output_dir=str(out)
+        ).model_dump_json()
     )
+    rc = subprocess.run([sys.executable, "-m", run.__name__, str(config_json)], cwd=ROOT).returncode
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     start = next(r for r in records if r["type"] == "start")
     steps_ = [r for r in records if r["type"] == "step"]
