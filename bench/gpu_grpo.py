@@ -22,10 +22,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.gpu_check import build_model
-from core.run_protocol import RunConfig
-from core.spec import JobSpec
-from training import run
+from bench.gpu_check import build_model  # noqa: E402
+from core.run_protocol import RunConfig  # noqa: E402
+from core.spec import JobSpec  # noqa: E402
+from training import run  # noqa: E402
 
 GRADER = {"type": "string_check", "name": "exact", "operation": "eq"}
 GRADER |= {"input": "{{sample.output_text}}", "reference": "{{item.answer}}"}

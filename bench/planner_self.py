@@ -59,6 +59,50 @@ GRID: list[tuple[str, bool, str, bool, int, int, int]] = [
     ("long", True, "lora", False, 1, 2048, 2),
 ]
 
+# objective grpo (an exact-match grader; sampled at temperature 1): prompts of 12-40 tokens, so the plan
+# from the data's longest prompt and the worst case (every prompt max_seq_len - max_completion_tokens) part
+GRADER = {"type": "string_check", "name": "exact", "operation": "eq", "input": "{{sample.output_text}}",
+          "reference": "{{item.answer}}"}  # fmt: skip
+# method, checkpointing, micro-batch (prompts), generations, max_seq_len, max_completion_tokens, beta
+GRPO_GRID: list[tuple[str, bool, int, int, int, int, float]] = [
+    ("lora", False, 2, 4, 256, 32, 0.0),
+    ("lora", False, 2, 8, 512, 64, 0.04),
+    ("lora", True, 4, 4, 1024, 32, 0.0),
+    ("qlora", False, 1, 8, 256, 64, 0.0),
+]
+
+
+def configs(steps: int) -> list[tuple[str, JobSpec, int]]:
+    """(dataset, spec, processes) of every config, numbered from 1 in this order."""
+    out = []
+    for name, packing, method, ckpt, micro, seq, procs in GRID:
+        spec = JobSpec(
+            base_model="demo", dataset_id="benchdata01", method=method, packing=packing,
+            gradient_checkpointing=ckpt, micro_batch_size=micro, gradient_accumulation_steps=1,
+            max_seq_len=seq, num_gpus=procs, max_steps=steps, checkpoint_every_steps=0, mixed_precision="no",
+        )  # fmt: skip
+        out.append((name, spec, procs))
+    for method, ckpt, micro, generations, seq, completion, beta in GRPO_GRID:
+        spec = JobSpec(
+            base_model="demo", dataset_id="benchdata01", objective="grpo", grader=GRADER, method=method,
+            gradient_checkpointing=ckpt, micro_batch_size=micro, num_generations=generations,
+            max_seq_len=seq, max_completion_tokens=completion, beta=beta, temperature=1.0, max_steps=steps,
+            checkpoint_every_steps=0, mixed_precision="no", lora_dropout=0.0,
+        )  # fmt: skip
+        out.append(("prompts", spec, 1))
+    return out
+
+
+def prompts(path: Path) -> Path:
+    words = ["alpha", "bravo", "charlie", "delta", "echo"]
+    rows = [
+        {"messages": [{"role": "user", "content": f"Repeat the word {words[i % 5]} " + "please " * (i % 30)}],
+         "answer": words[i % 5]}
+        for i in range(48)
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
 
 def long_texts(path: Path) -> Path:
     words = (ROOT / "training" / "demo_corpus.txt").read_text().split()
@@ -104,21 +148,19 @@ def main() -> int:
         tmp = Path(tmp_name)
         model_dir = build_demo_model(tmp / "models")
         arch = load_architecture(model_dir)
-        data = {"short": ROOT / "examples" / "alpaca_small.jsonl", "long": long_texts(tmp / "long.jsonl")}
+        data = {
+            "short": ROOT / "examples" / "alpaca_small.jsonl",
+            "long": long_texts(tmp / "long.jsonl"),
+            "prompts": prompts(tmp / "prompts.jsonl"),
+        }
         print(
-            f"{'#':>2} {'data':5} {'pack':5} {'method':5} {'ckpt':5} {'micro':>5} {'seq':>5} {'gpus':>4} "
+            f"{'#':>2} {'data':7} {'pack':5} {'method':10} {'ckpt':5} {'micro':>7} {'seq':>5} {'gpus':>4} "
             f"{'tokens':>7} {'measured':>9} {'planned':>9} {'error':>7} {'worst-case':>10} {'error':>7}  s"
         )
         errors = []
-        for n, (name, packing, method, ckpt, micro, seq, procs) in enumerate(GRID, 1):
+        for n, (name, spec, procs) in enumerate(configs(args.steps), 1):
             if only and n not in only:
                 continue
-            spec = JobSpec(
-                base_model="demo", dataset_id="benchdata01", method=method, packing=packing,
-                gradient_checkpointing=ckpt, micro_batch_size=micro, gradient_accumulation_steps=1,
-                max_seq_len=seq, num_gpus=procs, max_steps=args.steps, checkpoint_every_steps=0,
-                mixed_precision="no",
-            )  # fmt: skip
             work = tmp / f"run{n}"
             work.mkdir()
             config = RunConfig(
@@ -134,8 +176,12 @@ def main() -> int:
             m, p = r["measured"], r["predicted"]
             err, worst_err = (p - m) / m, (worst.allocated_bytes - m) / m
             errors.append(err)
+            grpo = spec.rl.enabled
+            method = f"{spec.method}+grpo" if grpo else spec.method
+            micro = f"{spec.micro_batch_size}x{spec.num_generations}" if grpo else str(spec.micro_batch_size)
             print(
-                f"{n:>2} {name:5} {packing!s:5} {method:5} {ckpt!s:5} {micro:>5} {seq:>5} {procs:>4} "
+                f"{n:>2} {name:7} {spec.packing!s:5} {method:10} {spec.gradient_checkpointing!s:5} "
+                f"{micro:>7} {spec.max_seq_len:>5} {procs:>4} "
                 f"{r['stats'].get('max_micro_batch_tokens', 0):>7} {m / 2**20:>8.1f}M {p / 2**20:>8.1f}M "
                 f"{err:>+7.1%} {worst.allocated_bytes / 2**20:>9.1f}M {worst_err:>+7.1%}  "
                 f"{time.monotonic() - began:.0f}",

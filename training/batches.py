@@ -111,7 +111,11 @@ SHAPE_EPOCHS = 3
 
 
 def largest_micro_batch(
-    spec: JobSpec, lengths: Sequence[int], widths: Sequence[int], targets: Sequence[int]
+    spec: JobSpec,
+    lengths: Sequence[int],
+    widths: Sequence[int],
+    targets: Sequence[int],
+    sampled: Sequence[int] | None = None,
 ) -> tuple[int, int, int]:
     """(tokens, widest sequence, target tokens) of the largest micro-batches the run forms, what the
     planner counts activations and logits with (each the largest over the micro-batches, so together
@@ -120,18 +124,22 @@ def largest_micro_batch(
     engine computes logits for (training.step.token_loss_sum).
     Padded: a micro-batch is its rows padded to their longest, rounded up (a pair: both sides). Packed:
     one row of its examples' tokens, in which attention runs per example. The run's steps in order
-    (max_steps may end it early), over its first SHAPE_EPOCHS epochs."""
+    (max_steps may end it early), over its first SHAPE_EPOCHS epochs.
+    `sampled` (grpo): each prompt's group at its longest, num_generations x (prompt + completion): batched
+    by its prompts, a micro-batch trains those sequences, packed into one row when spec.packing."""
     if not lengths:
         return 0, 0, 0
     epochs = SHAPE_EPOCHS if spec.max_steps is not None else min(spec.epochs, SHAPE_EPOCHS)
     steps = (step for epoch in range(epochs) for step in epoch_steps(spec, lengths, epoch))
     tokens = scored = 0
     per_example = spec.batch.sequences_per_example
+    packed = spec.packing if sampled is not None else spec.batch.packing
+    sizes = lengths if sampled is None else sampled
     for step in islice(steps, spec.max_steps):
         for micro in split_step(spec, lengths, step):
             rows = len(micro) * per_example
             padded = rows * padded_width(max(widths[i] for i in micro), spec.max_seq_len)
-            tokens = max(tokens, sum(lengths[i] for i in micro) if spec.batch.packing else padded)
+            tokens = max(tokens, sum(sizes[i] for i in micro) if packed else padded)
             scored = max(scored, sum(targets[i] for i in micro))
     return tokens, max(widths), scored
 

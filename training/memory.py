@@ -169,13 +169,23 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(devnull)
 
 
-def batch_shape(spec: JobSpec, items: Sequence[Any]) -> BatchShape | None:
-    """The largest micro-batch this run forms from its training examples (or preference pairs); None for
-    grpo, whose sequences are sampled during the step (the plan counts their worst case)."""
-    if not items or spec.rl.enabled:
+def batch_shape(spec: JobSpec, items: Sequence[Any], val_items: Sequence[Any] = ()) -> BatchShape | None:
+    """The largest micro-batch this run forms from its training examples (or preference pairs, or grpo's
+    prompts, each with its completions at max_completion_tokens: they are sampled during the step). A
+    grpo sequence is bounded by the longest prompt of either split (evaluation samples too) plus
+    max_completion_tokens: the rollouts' cache is counted at that width."""
+    if not items:
         return None
-    widths = [max(x.chosen.length, x.rejected.length) if hasattr(x, "chosen") else x.length for x in items]
     lengths, targets = [x.length for x in items], [x.num_targets for x in items]
+    if spec.rl.enabled:
+        n, completion = spec.num_generations, spec.max_completion_tokens
+        widths = [length + completion for length in lengths]
+        tokens, _, scored = batches.largest_micro_batch(
+            spec, lengths, widths, [n * completion] * len(items), sampled=[n * w for w in widths]
+        )
+        widest = max(x.length for x in [*items, *val_items]) + completion
+        return BatchShape(tokens=tokens, seq_len=widest, targets=scored)
+    widths = [max(x.chosen.length, x.rejected.length) if hasattr(x, "chosen") else x.length for x in items]
     tokens, widest, scored = batches.largest_micro_batch(spec, lengths, widths, targets)
     return BatchShape(tokens=tokens, seq_len=widest, targets=scored)
 

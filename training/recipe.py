@@ -111,7 +111,7 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
     tokenizer = model.load_tokenizer(Path(config.model_dir))
     items, val_items, dropped, token_stats = load_splits(config, tokenizer)
     # What the planner counts activations and logits with; only the start record (rank 0's) uses it.
-    shape = memory.batch_shape(spec, items) if distributed.is_main() else None
+    shape = memory.batch_shape(spec, items, val_items) if distributed.is_main() else None
     if shape is not None:
         token_stats |= shape.token_stats()
     log.info(

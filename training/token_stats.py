@@ -51,13 +51,13 @@ def compute(
     load = objective_class(spec).load
     items, dropped, stats = load(dataset, tokenizer, spec, column_mapping)
     # The steps training makes: of the training split (as training.recipe.load_splits makes it).
-    train, _ = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
+    train, validation = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
     lengths = [t.length for t in train]
     # Packed epochs can differ by a step or so; the first one stands for all.
     steps = batches.epoch_steps(spec, lengths, 0)
     micro_batches = sum(len(batches.split_step(spec, lengths, s)) for s in steps)
     steps_per_epoch = len(steps)
-    shape = batch_shape(spec, train)  # the planner re-plans the job with it
+    shape = batch_shape(spec, train, validation)  # the planner re-plans the job with it
     return {
         **stats,
         "max_seq_len": spec.max_seq_len,

@@ -2,10 +2,10 @@
 
 The engine samples micro_batch_size prompts at a time, num_generations answers each, in eval mode without
 grad: generate() expands the prompts to rows = micro_batch_size x num_generations sequences, left-padded
-to the longest prompt (the worst case: max_prompt_tokens P = max_seq_len - max_completion_tokens), then
-decodes up to max_completion_tokens C tokens with transformers' DynamicCache. Nothing of the training
-phase is alive then (no activations, no logits), so the phase is compared with forward/backward and the
-step, like dpo's reference forward. Its two moments:
+to the longest prompt P (the data's longest when its shape is known, else the worst case max_prompt_tokens
+= max_seq_len - max_completion_tokens), then decodes up to max_completion_tokens C tokens with
+transformers' DynamicCache. Nothing of the training phase is alive then (no activations, no logits), so
+the phase is compared with forward/backward and the step, like dpo's reference forward. Its two moments:
   decode     the KV cache at its end, 2 (k, v) x layers x kv_heads x head_dim x e B x rows x (P + C) (keys
              in the residual stream's dtype where that is wider: key_bytes), and
              the step's largest transient: the sampling buffers over [rows, vocab] (the logits in e B, the
@@ -18,7 +18,7 @@ step, like dpo's reference forward. Its two moments:
              copy of every head), the residual stream and one layer's MLP at its widest (hidden + 3 x
              intermediate, as the reference forward's), + QLoRA's dequantized weight
 e is the compute dtype's bytes (bf16 on a GPU under autocast, fp32 on a CPU). The decode moment counts
-the cache at max_seq_len; the prefill's larger transients count only where they exceed the completions'
+the cache at P + C; the prefill's larger transients count only where they exceed the completions'
 share of the cache, so the phase is max(decode, prefill) exactly.
 """
 
@@ -35,10 +35,10 @@ class Rollout:
     """One generate() call's moments, bytes."""
 
     rows: int  # sequences sampled at once: micro_batch_size x num_generations
-    kv_cache: int  # the KV cache at max_seq_len
+    kv_cache: int  # the KV cache at P + C
     prompt_cache: int  # the KV cache of the prompts alone (the prefill's)
     sampling: int  # the sampling buffers over [rows, vocab] at a decode step
-    layer_key: int  # one layer's key at max_seq_len (the cache's cat copies it)
+    layer_key: int  # one layer's key at P + C (the cache's cat copies it)
     decode_layer: int  # a decode step's largest per-layer moment: repeated k/v, the cat, a dequant
     prefill: int  # the prefill's transients beside the prompts' cache
 
@@ -72,10 +72,16 @@ def kv_cache_bytes(c: Context, rows: int, seq_len: int) -> int:
     return a.num_layers * a.num_kv_heads * a.head_dim * (key_bytes(c) + c.act_b) * rows * seq_len
 
 
+def prompt_tokens(c: Context) -> int:
+    """The longest prompt: the data's when its shape is known (c.seq_len is then its longest prompt plus
+    max_completion_tokens), else every prompt max_prompt_tokens long."""
+    return c.seq_len - c.spec.max_completion_tokens
+
+
 def rollout(c: Context) -> Rollout:
     spec, a, e = c.spec, c.arch, c.act_b
     rows = spec.batch.micro_sequences  # micro_batch_size prompts x num_generations answers each
-    length, prompt = spec.max_seq_len, spec.rl.max_prompt_tokens
+    length, prompt = c.seq_len, prompt_tokens(c)
     # the logits (e B) and 4 B each: their fp32 copy, softmax's probabilities, multinomial's draws and,
     # at temperature != 1, the scaled copy
     per_entry = e + 12 + (4 if spec.temperature != 1.0 else 0)
@@ -114,7 +120,7 @@ def rollout_terms(c: Context) -> list[Term]:
         bytes=r.kv_cache,
         note=(
             f"generate()'s cache for {mb} prompts x {n} generations = {r.rows} sequences of up to "
-            f"max_seq_len {spec.max_seq_len} ({spec.rl.max_prompt_tokens} prompt + "
+            f"{c.seq_len} tokens ({prompt_tokens(c)} prompt + "
             f"{spec.max_completion_tokens} completion tokens): {a.num_layers} layers x {a.num_kv_heads} "
             f"kv heads x head_dim {a.head_dim} x {per_value} per position, "
             "while the step samples (eval mode, no grad), before it trains"
@@ -134,7 +140,7 @@ def rollout_terms(c: Context) -> list[Term]:
             )
     else:
         why = (
-            f"the prefill of {r.rows} x {spec.rl.max_prompt_tokens} prompt tokens: attention mask, residual "
+            f"the prefill of {r.rows} x {prompt_tokens(c)} prompt tokens: attention mask, residual "
             f"stream and a layer's MLP ({gib(r.prefill)}), beyond the completions' share of the cache"
         )
     return [cache, Term(name="rollout transients", bytes=r.transient, note=why)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.arch import from_config
-from core.planner import FTUNE, Plan, estimate
+from core.planner import FTUNE, BatchShape, Plan, estimate
 from core.planner.context import plan_context
 from core.planner.feasibility import device_gpu
 from core.planner.gpus import resolve_gpu
@@ -66,6 +66,22 @@ def test_the_kv_cache_grows_linearly_with_generations_micro_batch_and_length() -
     assert kv_term(grpo(**{**base, "max_seq_len": 2048})) == 2 * one
     # the prompt and completion share the cache's length: only their sum counts
     assert kv_term(grpo(**{**base, "max_completion_tokens": 768})) == one
+
+
+def test_the_datas_longest_prompt_sets_the_caches_length_and_never_raises_it() -> None:
+    """With the data's shape (training.memory.batch_shape: its longest prompt + max_completion_tokens) the
+    rollouts are counted at that length, not max_seq_len; a shape from other settings cannot raise it."""
+    job = grpo(micro_batch_size=2, num_generations=8, max_seq_len=1024, max_completion_tokens=256)
+    arch, gpu = from_config(LLAMA3_8B), resolve_gpu("A100-80GB")
+
+    def kv(shape: BatchShape | None) -> int:
+        c = plan_context(job, arch, gpu, FTUNE, shape)
+        return next(t.bytes for t in rollout_terms(c) if t.name == "rollout KV cache")
+
+    per_position = 2 * 32 * 8 * 128 * 2 * 16
+    assert kv(None) == per_position * 1024
+    assert kv(BatchShape(tokens=16 * 300, seq_len=40 + 256, targets=16 * 256)) == per_position * 296
+    assert kv(BatchShape(tokens=16 * 4096, seq_len=4096, targets=16 * 256)) == per_position * 1024
 
 
 def test_the_sampling_buffers_are_rows_x_vocab() -> None:

@@ -11,6 +11,7 @@ from training import batches
 from training.data import IGNORE, PAD_MULTIPLE, Tokenized
 from training.memory import batch_shape
 from training.preference import Pair, Sequences, sequence_indices
+from training.rollouts import Completion, PromptItem
 from training.step import count_targets, make_batch
 
 PAD = 0
@@ -81,3 +82,34 @@ def test_max_steps_ends_the_scan_where_the_run_ends() -> None:
     collated = engine_micro_batches(s, items, dpo=False)
     assert len(collated) == 3 * 2  # 3 steps x accumulation 2
     assert shape.tokens == max(b["input_ids"].numel() for b in collated)
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_grpo_shape_is_the_largest_micro_batch_of_full_length_completions(packing: bool) -> None:
+    """grpo's completions are sampled in the step: at their longest (max_completion_tokens each), the
+    micro-batches the engine trains are those of the shape; its width is the longest prompt of either split
+    plus the completions."""
+    n, completion = 4, 16
+    s = spec(
+        objective="grpo", grader={"type": "string_check", "name": "x", "operation": "eq", "input": "a",
+                                  "reference": "a"},
+        num_generations=n, max_completion_tokens=completion, micro_batch_size=2,
+        gradient_accumulation_steps=2, packing=packing,
+    )  # fmt: skip
+    rng = np.random.default_rng(7)
+    prompts = [PromptItem(rng.integers(1, 50, int(rng.integers(4, 60))).tolist(), {}) for _ in range(30)]
+    held_out = [PromptItem([1] * 70, {})]  # evaluation samples it too
+    shape = batch_shape(s, prompts, held_out)
+    assert shape is not None
+    lengths = [p.length for p in prompts]
+    full = Completion(ids=[7] * completion, text="", truncated=True)
+    collated = []
+    for epoch in range(s.epochs):
+        for step in batches.epoch_steps(s, lengths, epoch):
+            for micro in batches.split_step(s, lengths, step):
+                seqs = [full.sequence(prompts[i].input_ids) for i in micro for _ in range(n)]
+                collated.append(make_batch(s, seqs, range(len(seqs)), PAD))
+    assert shape.tokens == max(b["input_ids"].numel() for b in collated)
+    assert shape.targets == max(count_targets(b) for b in collated) == 2 * n * completion
+    assert shape.seq_len == 70 + completion
+    assert shape.tokens < s.batch.worst_case_tokens
