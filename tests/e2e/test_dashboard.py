@@ -29,8 +29,12 @@ SPEC = {
     "base_model": "ftune-demo",
     "method": "lora",
     "max_steps": 8,
+    # packed rows of ~20 examples, 4 micro-batches a step: a step takes long enough (~0.3 s on 2 fast cores)
+    # for the page, polling every 0.5 s, to show the job running at a step before it has finished
+    "packing": True,
     "micro_batch_size": 2,
-    "max_seq_len": 64,
+    "gradient_accumulation_steps": 4,
+    "max_seq_len": 512,
     "checkpoint_every_steps": 2,
     "keep_checkpoints": 2,  # steps 2 and 4 are pruned: the page lists 6 and 8 only
     "lora_dropout": 0.0,
