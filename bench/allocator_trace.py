@@ -225,10 +225,11 @@ def build(spec: Any, layers: int, fake: Any) -> Any:
 
     from training import dropout
     from training.demo import DemoSize
-    from training.model import enable_checkpointing
+    from training.model import enable_checkpointing, skip_adapter_input_casts
 
     qlora = spec.method == "qlora"
-    dtype = torch.bfloat16 if qlora else torch.float32  # the demo checkpoint is fp32; QLoRA loads bf16
+    # the demo checkpoint is fp32; QLoRA loads bf16, and so does LoRA asked for bf16 weights
+    dtype = torch.bfloat16 if qlora or spec.torch_dtype == "bfloat16" else torch.float32
     size = DemoSize()
     config = LlamaConfig(
         vocab_size=size.vocab_size,
@@ -284,6 +285,7 @@ def build(spec: Any, layers: int, fake: Any) -> Any:
     )
     model = get_peft_model(model, lora)
     dropout.install(model)
+    skip_adapter_input_casts(model)  # as training.recipe does under autocast on a GPU
     for p in model.parameters():
         if p.requires_grad and p.dtype != torch.float32:
             p.data = p.data.float()
@@ -353,7 +355,7 @@ def micro_batches(spec: Any, steps: int, tokenizer_dir: Path) -> list[list[dict[
         output_dir="/nonexistent",
     )
     tokenizer = model.load_tokenizer(tokenizer_dir)
-    items = recipe.examples(recipe.load_splits(config, tokenizer)[0])
+    items = recipe.load_splits(config, tokenizer)[0]
     lengths = [x.length for x in items]
     out: list[list[dict[str, Any]]] = []
     epoch = 0

@@ -12,9 +12,10 @@
 # 3. bench/gpu_kernels.py (packed attention's kernel, the chunked loss head, host syncs), under a timeout;
 # 4. bench/gpu_check.py --steps 8 (the planner against the engine), under a timeout;
 # 5. bench/gpu_vs_trl.py (ftune against TRL's SFTTrainer), under a timeout, reusing gpu_check's model;
-#    CKPT=1 adds a second pass with gradient checkpointing on, if time is left.
+#    CKPT=1 adds a second pass with gradient checkpointing on, if time is left;
+# 6. GRPO=1: bench/gpu_grpo.py --steps 3 (objective grpo: its phases and the planner), if time is left.
 # Everything goes to $OUT/log.txt; results to $OUT/gpu_check.json, $OUT/gpu_vs_trl.json
-# ($OUT/gpu_vs_trl_ckpt.json), $OUT/run_details.json (each gpu_vs_trl run's step records) and
+# ($OUT/gpu_vs_trl_ckpt.json, $OUT/gpu_grpo.json), $OUT/run_details.json (each gpu_vs_trl run's step records) and
 # $OUT/runs_tail.txt (the end of each of its training processes' logs).
 set -u
 OUT=${OUT:-$PWD/out}
@@ -95,6 +96,13 @@ EOF
       --models "$WORK/check/models" --budget $((t - 25)) --run-timeout 120 \
       --json-out "$OUT/gpu_vs_trl_ckpt.json"
     echo "gpu_vs_trl --checkpointing exit $? at ${SECONDS}s"
+  fi
+
+  if [ "${GRPO:-0}" = 1 ] && (($(left) > 120)); then
+    t=$(part_timeout 240 10)
+    echo "== bench/gpu_grpo.py --steps 3 (timeout ${t}s) at ${SECONDS}s"
+    timeout -k 15 "$t" python3 bench/gpu_grpo.py --steps 3 --keep "$WORK/grpo" --json "$OUT/gpu_grpo.json"
+    echo "gpu_grpo exit $? at ${SECONDS}s"
   fi
 
   for d in "$WORK"/vs*/*/; do

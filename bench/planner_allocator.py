@@ -51,8 +51,10 @@ from allocator_rules import GiB, replay  # noqa: E402
 from allocator_trace import micro_batches, take_cuda_paths, trace  # noqa: E402
 
 SHAPE = gpu_check.SHAPE
-# gpu_check's single-GPU configs (a replay of one process has no FSDP)
+# gpu_check's single-GPU configs (a replay of one process has no FSDP), and LoRA on bf16 base weights (as
+# bench/gpu_vs_trl.py trains): its q/k/v and gate/up read one bf16 input each (Runtime.lora_input_cast)
 CONFIGS: dict[str, dict[str, Any]] = {k: v for k, v in gpu_check.CONFIGS.items() if not v.get("fsdp")}
+CONFIGS["lora-bf16"] = {"method": "lora", "torch_dtype": "bfloat16", "lora_dropout": 0.0}
 
 
 def main() -> int:

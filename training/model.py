@@ -170,6 +170,24 @@ def attach_trained_lora(model, spec: JobSpec, adapter_dir: Path):
     return model
 
 
+def skip_adapter_input_casts(model) -> int:
+    """Under autocast, let each LoRA layer hand its input to lora_A as it is (peft's
+    `cast_input_dtype_enabled`; returns how many layers). peft first casts the input to the adapter's fp32,
+    and autocast then casts that copy back to the compute dtype for the matmul: the same values, so the
+    same loss and gradients, but each wrapped linear made two more passes over its input, kept its own
+    compute-dtype copy for backward, and cast its input's gradient back and forth. Without the cast,
+    q/k/v (and gate/up) share the one input the base linears read and o_proj reads the attention output
+    the kernel keeps anyway (core.planner.memory counts this: Runtime.lora_input_cast).
+    Only on CUDA: a CPU dropout scales its mask in its input's dtype (training.dropout), which a
+    half-precision input would round."""
+    from peft.tuners.lora import LoraLayer
+
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+    for m in layers:
+        m.cast_input_dtype_enabled = False
+    return len(layers)
+
+
 def read_trained_adapter(path: Path):
     """(LoraConfig, peft-named weights) of an adapter to continue from: a job's final adapter (peft's
     adapter_config.json + adapter_model.safetensors), or one of its checkpoints (spec.init_from_step:

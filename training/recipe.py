@@ -130,6 +130,8 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
     on = torch.device("cpu") if sharded and spec.method == "lora" else device
     init = Path(config.init_adapter_dir) if config.init_adapter_dir else None  # spec.init_from's adapter
     net = model.load_model(spec, Path(config.model_dir), on, init_adapter=init)
+    if precision.dtype is not None and device.type == "cuda":
+        model.skip_adapter_input_casts(net)
     if sharded:
         distributed.shard(net, device)
         log.info("FSDP over %d processes", distributed.world_size())

@@ -160,7 +160,18 @@ def activation_setup(c: Context) -> ActivationSetup:
         seq_len=c.seq_len,
         mask_bytes=4 if c.cpu else 1,  # a CPU dropout keeps a mask in the fp32 adapter dtype
         lora_bytes=c.lora_act_b,
+        residual_bytes=c.res_b,
+        lora_input_cast=lora_input_cast(c),
     )
+
+
+def lora_input_cast(c: Context) -> bool:
+    """Whether peft casts a LoRA layer's input to the fp32 adapter under autocast (which casts it back):
+    its plain layer does unless the engine turned that off (ftune's, on a GPU:
+    training.model.skip_adapter_input_casts); its 4-bit layer asks CUDA's autocast, so only on a CPU."""
+    if c.spec.method == "lora":
+        return c.runtime.lora_input_cast or c.cpu
+    return c.cpu
 
 
 def micro_batch_sequences(c: Context) -> int:
@@ -305,7 +316,7 @@ def _layer_phase(c: Context, layer_bytes: int, block_copy: int, copy_why: str) -
         act_bytes=e,
         residual_bytes=c.res_b,
         adapter_bytes=c.trainable_b,
-        casts_input=c.spec.method != "qlora" or not c.autocast,
+        casts_input=lora_input_cast(c) or not c.autocast,
         dropout=c.spec.lora_dropout > 0,
     )
     # the LoRA branch's copies, in forward (every layer's activations alive) or in a checkpointed layer's

@@ -59,6 +59,25 @@ class ActivationSetup:
     seq_len: int
     mask_bytes: int = 1  # dropout mask per element: CUDA's fused dropout keeps a bool; a CPU one a float
     lora_bytes: int = 0  # lora_A's saved input copy; 0: the compute dtype under autocast, else fp32
+    residual_bytes: int = 0  # the residual stream's dtype (the norms' outputs); 0: the compute dtype
+    # under autocast, peft casts a LoRA input to the fp32 adapter first (Runtime.lora_input_cast)
+    lora_input_cast: bool = True
+
+
+def lora_input_copy_bytes(s: ActivationSetup, m: LinearModule) -> int:
+    """Bytes per feature of m's input that lora_A keeps as a copy of its own for backward; 0: it keeps the
+    very tensor the base linear read (q/k/v share it, gate/up share theirs). A new tensor is dropout's
+    output; under autocast, autocast's cast for the matmul, made from peft's fp32 cast of the input
+    (s.lora_input_cast) or from an input outside the compute dtype (an fp32 residual stream's norm
+    output); without autocast, peft's cast to the fp32 adapter when the activations are not fp32."""
+    e = s.compute_bytes
+    lora_e = s.lora_bytes or (e if s.autocast else 4)
+    if s.lora_dropout:
+        return lora_e
+    if s.autocast:
+        x_b = (s.residual_bytes or e) if m.group in ("attn_in", "mlp_in") else e
+        return lora_e if (s.lora_input_cast or x_b != e) else 0
+    return lora_e if e != 4 else 0
 
 
 def layer_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> tuple[float, list[str]]:
@@ -108,14 +127,11 @@ def mlp_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> float:
     the post-attention norm's input, the MLP's own tensors and its linears' LoRA copies."""
     e, inter = s.compute_bytes, arch.intermediate_size
     mlp = float((3 if arch.gated_mlp else 1) * e * inter + 4 * arch.hidden_size)
-    lora_e = s.lora_bytes or (e if s.autocast else 4)
-    own_copy = s.autocast or e != 4 or s.lora_dropout
     block = {b.name for b in arch.block_linears}
     for m, layers in s.lora:
-        if m.name in block and m.group in ("mlp_in", "mlp_mid") and own_copy:
-            mlp += (
-                (lora_e + (s.mask_bytes if s.lora_dropout else 0)) * m.in_features * layers / arch.num_layers
-            )
+        own = lora_input_copy_bytes(s, m)
+        if m.name in block and m.group in ("mlp_in", "mlp_mid") and own:
+            mlp += (own + (s.mask_bytes if s.lora_dropout else 0)) * m.in_features * layers / arch.num_layers
     return mlp
 
 
@@ -130,11 +146,11 @@ def largest_saved_tensor_per_token(arch: Architecture, s: ActivationSetup) -> tu
     sizes += [e * inter] * (
         3 if arch.gated_mlp else (4 if arch.hidden_act in ("gelu_new", "gelu_fast") else 1)
     )
-    lora_e = s.lora_bytes or (e if s.autocast else 4)
     block = {b.name: b for b in arch.block_linears}
     for m, _ in s.lora:
-        if m.name in block and (s.autocast or e != 4 or s.lora_dropout):
-            sizes.append(lora_e * m.in_features)
+        own = lora_input_copy_bytes(s, m)
+        if m.name in block and own:
+            sizes.append(own * m.in_features)
             if s.lora_dropout:
                 sizes.append(s.mask_bytes * m.in_features)
     if s.full:
@@ -164,16 +180,14 @@ def flash_backward_bytes(
 def _lora_saved_per_token(arch: Architecture, s: ActivationSetup) -> float:
     """What LoRA adds per token (averaged over layers): lora_A's saved input and lora_B's (r outputs).
 
-    lora_A saves its input for its weight gradient. When that input is a new tensor per module - cast
-    to the compute dtype by autocast, cast by peft to the fp32 adapter dtype, or passed through
-    dropout (which also keeps its mask) - each wrapped module keeps its own copy. Otherwise (fp32
-    activations, no autocast, no dropout) lora_A saves the very tensor the frozen base linear read:
-    one per input group (q/k/v share one, gate/up another), and none for o_proj under SDPA/flash,
-    whose input is the attention output the kernel already keeps.
+    lora_A saves its input for its weight gradient. When that input is a new tensor per module
+    (lora_input_copy_bytes: cast by autocast or peft, or passed through dropout, which also keeps its
+    mask) each wrapped module keeps its own copy. Otherwise lora_A saves the very tensor the frozen base
+    linear read: one per input group (q/k/v share one, gate/up another), and none for o_proj under
+    SDPA/flash, whose input is the attention output the kernel already keeps.
     """
     e = s.compute_bytes
     lora_e = s.lora_bytes or (e if s.autocast else 4)
-    own_copy = s.autocast or e != 4 or s.lora_dropout
     block = {b.name for b in arch.block_linears}
     total = 0.0
     shared: dict[str, float] = {}
@@ -182,8 +196,9 @@ def _lora_saved_per_token(arch: Architecture, s: ActivationSetup) -> float:
             continue
         share = layers / arch.num_layers
         total += lora_e * s.lora_r * share
-        if own_copy:
-            total += (lora_e + (s.mask_bytes if s.lora_dropout else 0)) * m.in_features * share
+        own = lora_input_copy_bytes(s, m)
+        if own:
+            total += (own + (s.mask_bytes if s.lora_dropout else 0)) * m.in_features * share
         elif not (m.group == "attn_out" and s.attn != "eager"):
             shared[m.group] = max(shared.get(m.group, 0.0), e * m.in_features * share)
     return total + sum(shared.values())

@@ -143,6 +143,10 @@ class Runtime:
     # soft-capping or scaling, see core.planner.context.fused_loss). False: the whole logits and an fp32
     # cross-entropy (transformers' loss, TRL, DeepSpeed, ...: every run bench/planner_accuracy.py cites).
     fused_loss: bool = False
+    # Under autocast peft casts a LoRA layer's input to the fp32 adapter, and autocast casts that copy back
+    # for the matmul: every wrapped linear keeps a copy of its own input. ftune's engine turns the cast off
+    # on a GPU (training.model.skip_adapter_input_casts): lora_A then keeps the tensor the base linear read.
+    lora_input_cast: bool = True
 
 
-FTUNE = Runtime(fused_loss=True, expandable_segments=True, varlen_gqa=False)
+FTUNE = Runtime(fused_loss=True, expandable_segments=True, varlen_gqa=False, lora_input_cast=False)

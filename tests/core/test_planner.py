@@ -134,8 +134,10 @@ def test_checkpointing_reduces_activations() -> None:
 def test_checkpointed_layers_keep_their_input_in_the_residual_streams_dtype() -> None:
     """An fp32 base under bf16 autocast adds each block's bf16 output to an fp32 residual stream, so each
     checkpointed layer keeps an fp32 input (an H200 measured 8.7% more than a plan of bf16 inputs); QLoRA's
-    unquantized layers are bf16 on a GPU, and so is its residual stream. The recomputed layer's peak is its
-    LoRA branch's fp32 copies of down_proj's input, beside the layer's incoming gradient."""
+    unquantized layers are bf16 on a GPU, and so is its residual stream. Where peft casts LoRA inputs to
+    fp32 (a plain transformers/peft loop), the recomputed layer's peak is its LoRA branch's fp32 copies of
+    down_proj's input beside the layer's incoming gradient; ftune's engine leaves that cast out on a GPU
+    (training.model.skip_adapter_input_casts), and its peak is a block's gradients in flight."""
     gpu, tokens = resolve_gpu("H100"), 4 * 1024
     fp32 = from_config({**LLAMA2_7B, "torch_dtype": "float32"})
     h, inter = fp32.hidden_size, fp32.intermediate_size
@@ -144,11 +146,13 @@ def test_checkpointed_layers_keep_their_input_in_the_residual_streams_dtype() ->
             spec(method=method, gradient_checkpointing=True, max_seq_len=1024), fp32, gpu, suggest=False
         )
         assert term(plan, "activations") == fp32.num_layers * res_b * h * tokens + 4 * h * tokens
-    lora = estimate(
-        spec(method="lora", gradient_checkpointing=True, max_seq_len=1024), fp32, gpu, suggest=False
-    )
-    working = next(t for t in lora.breakdown if t.name == "backward working buffers")
+    job = spec(method="lora", gradient_checkpointing=True, max_seq_len=1024)
+    peft_cast = estimate(job, fp32, gpu, suggest=False, runtime=Runtime(fused_loss=True))
+    working = next(t for t in peft_cast.breakdown if t.name == "backward working buffers")
     assert working.bytes == tokens * (inter * (4 + 4) + 4 * h) and "down_proj" in working.note
+    ftune = estimate(job, fp32, gpu, suggest=False, runtime=FTUNE)
+    working = next(t for t in ftune.breakdown if t.name == "backward working buffers")
+    assert working.bytes == tokens * (4 * h + 2 * inter * 2) and "grads in flight" in working.note
 
 
 def test_qlora_lora_full_weights_and_totals_are_ordered() -> None:

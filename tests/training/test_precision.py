@@ -69,3 +69,46 @@ def test_autocast_casts_to_the_chosen_dtype_on_a_cpu() -> None:
         assert (a @ a).dtype == torch.bfloat16
     with precision_for(spec(mixed_precision="auto"), CPU, False).autocast():
         assert (a @ a).dtype == torch.float32
+
+
+def _loss_grads_and_saved(model, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+    """One forward and backward under bf16 autocast: the loss, the adapter's gradients and the bytes of
+    the distinct storages autograd saved for backward."""
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    model.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", torch.bfloat16):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, sum(saved.values())
+
+
+@pytest.mark.parametrize("stored", ["bfloat16", "float32"])
+def test_lora_inputs_uncast_under_autocast_change_nothing_but_the_copies(tiny_model, stored) -> None:
+    """training.model.skip_adapter_input_casts: peft's cast of a LoRA input to fp32, which autocast casts
+    straight back, is left out: the loss and every gradient are bitwise the same, and autograd keeps less
+    (bf16 weights: q/k/v and gate/up share their input; fp32 weights: o_proj and down_proj read theirs)."""
+    from training.model import load_model, skip_adapter_input_casts
+
+    s = spec(torch_dtype=stored, lora_dropout=0.0, mixed_precision="bf16")
+    ids = torch.randint(1, 1000, (2, 48))
+    torch.manual_seed(0)
+    model = load_model(s, tiny_model, CPU)
+    as_peft = _loss_grads_and_saved(model, ids)
+    assert skip_adapter_input_casts(model) == 2 * 7  # 2 layers x q k v o gate up down
+    as_is = _loss_grads_and_saved(model, ids)
+    assert torch.equal(as_peft[0], as_is[0])
+    assert as_peft[1].keys() == as_is[1].keys() and len(as_is[1]) == 2 * 2 * 7
+    for name, grad in as_peft[1].items():
+        assert torch.equal(grad, as_is[1][name]), name
+    tokens, hidden, layers = ids.numel(), 64, 2
+    # what each layer no longer keeps: bf16 copies of q/k/v's and gate/up's inputs (bf16 weights: 3 + 2 of
+    # them become one each) and of o_proj's input (both), and down_proj's (fp32 weights: its own bf16 copy
+    # of the bf16 product becomes the product itself, which nothing else keeps: no change)
+    copies = (2 + 1 + 1) if stored == "bfloat16" else 1
+    assert as_peft[2] - as_is[2] == copies * layers * tokens * hidden * 2
