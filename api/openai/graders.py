@@ -15,8 +15,8 @@ FTUNE_GRADER_RUN_MAX_CONCURRENT in all) grade at once in a process (429 past it)
 as the grading, even when the client goes away, so disconnecting frees no slot early. Sizes are bounded
 before grading: the body (1 MiB, api/bodylimit.py), the python source (256 kB), model_sample and item
 (64 KiB each), and the text the grader's templates and literals make for this sample (256 KiB), since a
-template that repeats {{ sample.output_text }} would otherwise multiply it, and some metrics (rouge_l) are
-quadratic in it.
+template that repeats {{ sample.output_text }} would otherwise multiply it and every metric's time grows
+with it (none quadratically: rouge_l's LCS is bit-parallel, core.graders.metrics).
 """
 
 from __future__ import annotations

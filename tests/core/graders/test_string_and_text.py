@@ -117,6 +117,26 @@ def test_each_metric_is_its_library(metric: str, given: str, reference: str) -> 
     assert similarity(metric, given, reference) == pytest.approx(LIBRARY[metric](given, reference), abs=1e-9)
 
 
+def test_rouge_l_is_the_librarys_on_long_and_random_texts() -> None:
+    """rouge_l's LCS is computed bit-parallel, not by the library's table: the same scores on random texts
+    over small vocabularies (many ties) and on two texts of 1,500 words."""
+    import random
+
+    rng = random.Random(3)
+    for _ in range(300):
+        vocab = [f"w{i}" for i in range(rng.randint(1, 6))]
+        given = " ".join(rng.choice(vocab) for _ in range(rng.randint(0, 60)))
+        reference = " ".join(rng.choice(vocab) for _ in range(rng.randint(0, 60)))
+        assert similarity("rouge_l", given, reference) == pytest.approx(
+            rouge("rougeL", given, reference), abs=1e-12
+        )
+    vocab = [f"w{i}" for i in range(40)]
+    given, reference = (" ".join(rng.choice(vocab) for _ in range(1500)) for _ in range(2))
+    assert similarity("rouge_l", given, reference) == pytest.approx(
+        rouge("rougeL", given, reference), abs=1e-12
+    )
+
+
 @pytest.mark.parametrize(
     ("metric", "given", "reference", "expected"),
     [
