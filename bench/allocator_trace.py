@@ -223,7 +223,7 @@ def build(spec: Any, layers: int, fake: Any) -> Any:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from training import dropout
+    from training import dropout, lora_add
     from training.demo import DemoSize
     from training.model import enable_checkpointing, skip_adapter_input_casts
 
@@ -286,6 +286,7 @@ def build(spec: Any, layers: int, fake: Any) -> Any:
     model = get_peft_model(model, lora)
     dropout.install(model)
     skip_adapter_input_casts(model)  # as training.recipe does under autocast on a GPU
+    lora_add.install(model)  # as training.model.load_model does
     for p in model.parameters():
         if p.requires_grad and p.dtype != torch.float32:
             p.data = p.data.float()

@@ -93,9 +93,11 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, init_adapte
         p.requires_grad_(False)
     if spec.gradient_checkpointing:
         enable_checkpointing(model)
-    if init_adapter is not None:
-        return attach_trained_lora(model, spec, init_adapter)
-    return attach_lora(model, spec)
+    from training import lora_add
+
+    net = attach_trained_lora(model, spec, init_adapter) if init_adapter else attach_lora(model, spec)
+    lora_add.install(net)  # each LoRA update added inside its GEMM (training.lora_add)
+    return net
 
 
 def enable_checkpointing(model) -> None:

@@ -318,6 +318,7 @@ def _layer_phase(c: Context, layer_bytes: int, block_copy: int, copy_why: str) -
         adapter_bytes=c.trainable_b,
         casts_input=lora_input_cast(c) or not c.autocast,
         dropout=c.spec.lora_dropout > 0,
+        fused_add=c.runtime.lora_fused_add and c.spec.method == "lora",  # not bitsandbytes' 4-bit layer
     )
     # the LoRA branch's copies, in forward (every layer's activations alive) or in a checkpointed layer's
     # recomputation (its output's gradient alive)

@@ -221,13 +221,15 @@ def lora_forward_transient_per_token(
     adapter_bytes: int,
     casts_input: bool,
     dropout: bool,
+    fused_add: bool = False,
 ) -> tuple[int, str]:
     """The largest moment of one LoRA-wrapped block linear's forward, in bytes per token beyond what the
     block saves (and the module's name). peft's LoRA layer casts its input to the adapter's dtype
     (`casts_input`: the plain layer always does; bitsandbytes' 4-bit one only without autocast) and runs
     the dropout on that, so beside the base output it holds, until lora_A has made its own (saved) copy,
     the cast input and the dropout's output: in_features x (adapter B + dropout B). The output side: the
-    base output and the scaled LoRA output before they are added, 2 x out_features x compute B.
+    base output and the scaled LoRA output before they are added, 2 x out_features x compute B; with the
+    update added inside its GEMM (`fused_add`: training.lora_add) the base output alone.
     A linear's input is a norm's output (the residual stream's dtype) for q/k/v and gate/up, the compute
     dtype's attention output or MLP product for o_proj and down_proj (checked against an allocation trace
     of the engine: the recomputed down_proj's fp32 input copies make the peak of a checkpointed step)."""
@@ -239,7 +241,7 @@ def lora_forward_transient_per_token(
         x_b = residual_bytes if m.group in ("attn_in", "mlp_in") else act_bytes
         cast = adapter_bytes if casts_input and x_b != adapter_bytes else 0
         inputs = m.in_features * (cast + ((cast or x_b) if dropout else 0))
-        outputs = 2 * m.out_features * act_bytes
+        outputs = (1 if fused_add else 2) * m.out_features * act_bytes
         if max(inputs, outputs) > worst:
             worst, name = max(inputs, outputs), m.name
     return worst, name

@@ -147,6 +147,11 @@ class Runtime:
     # for the matmul: every wrapped linear keeps a copy of its own input. ftune's engine turns the cast off
     # on a GPU (training.model.skip_adapter_input_casts): lora_A then keeps the tensor the base linear read.
     lora_input_cast: bool = True
+    # A plain LoRA layer adds its scaled update inside the update's GEMM (ftune's training.lora_add): no
+    # tensor of the layer's output size beside the output. False: peft's lora_B output, its scaled copy, sum.
+    lora_fused_add: bool = False
 
 
-FTUNE = Runtime(fused_loss=True, expandable_segments=True, varlen_gqa=False, lora_input_cast=False)
+FTUNE = Runtime(
+    fused_loss=True, expandable_segments=True, varlen_gqa=False, lora_input_cast=False, lora_fused_add=True
+)
