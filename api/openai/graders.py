@@ -40,6 +40,7 @@ from core.graders import (
     grade,
     make_sample,
     openai_compatible_chat,
+    templates,
 )
 from core.graders.multi import MultiGrader
 from core.graders.policy import admitted
@@ -63,7 +64,7 @@ router = APIRouter(
 
 MAX_SAMPLE_CHARS = 64 * 1024
 MAX_ITEM_BYTES = 64 * 1024  # as compact JSON
-MAX_RENDERED_CHARS = 256 * 1024  # the grader's strings, templates filled in for this sample
+MAX_RENDERED_CHARS = templates.MAX_RENDERED_CHARS  # all the grader's strings, filled in for this sample
 
 
 class ValidateGraderRequest(BaseModel):
@@ -135,7 +136,11 @@ def rendered_chars(value: Any, sample: dict[str, Any], item: dict[str, Any], key
         return len(value)
     try:
         return len(Template.parse(value, key).render(sample, item))
-    except (GraderError, GradeFailure):  # not a template here, or a variable grading will flag
+    except GradeFailure as e:
+        if e.errors.other_error:  # one template alone fills in past the cap (core.graders.templates)
+            return MAX_RENDERED_CHARS + 1
+        return len(value)  # a variable that grading will flag
+    except GraderError:  # not a template here
         return len(value)
 
 
@@ -147,8 +152,8 @@ def check_sizes(body: RunGraderRequest, sample: dict[str, Any], item: dict[str, 
     total = rendered_chars(body.grader, sample, item)
     if total > MAX_RENDERED_CHARS:
         raise InvalidInput(
-            f"the grader's text for this sample, templates filled in, is {total} characters; at most "
-            f"{MAX_RENDERED_CHARS}",
+            f"the grader's text for this sample, templates filled in, is over {MAX_RENDERED_CHARS} "
+            "characters",
             code="grader_input_too_large",
             param="grader",
         )

@@ -3,7 +3,9 @@
 A path is dotted keys with optional list indexes: {{ item.a.b }}, {{ sample.output_tools[0].function.name }}.
 A missing value is the sample's failure (invalid_variable_error), and sample.output_json on an answer that
 is not a JSON object a sample_parse_error; both score 0. Strings are inserted as they are, numbers with
-str(), and objects, lists, booleans and null as JSON."""
+str(), and objects, lists, booleans and null as JSON. A template that fills in to more than
+MAX_RENDERED_CHARS (one repeating {{ item.text }} thousands of times, say) fails its sample (other_error)
+before the text is built: a tenant's grader cannot make a training step's grading hold gigabytes."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ _PATH = re.compile(r"\s*([A-Za-z_]\w*)((?:\.[^.\[\]\s{}]+|\[\d+\])+)\s*$")
 _STEP = re.compile(r"\.([^.\[\]\s{}]+)|\[(\d+)\]")
 
 Step = str | int
+MAX_RENDERED_CHARS = 256 * 1024  # one template, filled in for one sample
 
 
 @dataclass(frozen=True)
@@ -42,9 +45,16 @@ class Template:
         return cls(source, tuple(part for part in parts if part != ""))
 
     def render(self, sample: dict[str, Any], item: dict[str, Any]) -> str:
-        return "".join(
-            part if isinstance(part, str) else _as_text(lookup(part, sample, item)) for part in self.parts
-        )
+        pieces, length = [], 0
+        for part in self.parts:
+            piece = part if isinstance(part, str) else _as_text(lookup(part, sample, item))
+            length += len(piece)
+            if length > MAX_RENDERED_CHARS:
+                raise GradeFailure(
+                    "other_error", f"the template fills in to over {MAX_RENDERED_CHARS} characters"
+                )
+            pieces.append(piece)
+        return "".join(pieces)
 
 
 def _parse_path(text: str, param: str) -> tuple[Step, ...]:

@@ -6,7 +6,7 @@ import pytest
 
 from core.graders import GraderError, make_sample
 from core.graders.results import GradeFailure
-from core.graders.templates import Template
+from core.graders.templates import MAX_RENDERED_CHARS, Template
 
 ITEM = {
     "answer": "Paris",
@@ -108,3 +108,13 @@ def test_bad_templates_are_refused_when_parsed(source: str, why: str) -> None:
         Template.parse(source, "grader.graders.a.input")
     assert (caught.value.code, caught.value.param) == ("invalid_template", "grader.graders.a.input")
     assert why in caught.value.message
+
+
+def test_a_template_that_fills_in_past_the_cap_fails_its_sample_without_building_the_text() -> None:
+    """2,000 copies of a 1,000-character item value would be 2 MB; the sample fails at the cap instead."""
+    template = Template.parse("{{item.text}} " * 2000, "grader.input")
+    assert template.render({}, {"text": "x" * 100}) == ("x" * 100 + " ") * 2000  # 202 kB: under the cap
+    with pytest.raises(GradeFailure) as caught:
+        template.render({}, {"text": "x" * 1000})
+    assert caught.value.errors.flags == ["other_error"]
+    assert str(caught.value) == f"the template fills in to over {MAX_RENDERED_CHARS} characters"
