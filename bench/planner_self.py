@@ -29,6 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.gpu_grpo import GRADER, prompts  # noqa: E402
 from core.arch import load_architecture  # noqa: E402
 from core.planner.feasibility import device_gpu, plan_on  # noqa: E402
 from core.run_protocol import RunConfig  # noqa: E402
@@ -59,10 +60,9 @@ GRID: list[tuple[str, bool, str, bool, int, int, int]] = [
     ("long", True, "lora", False, 1, 2048, 2),
 ]
 
-# objective grpo (an exact-match grader; sampled at temperature 1): prompts of 12-40 tokens, so the plan
-# from the data's longest prompt and the worst case (every prompt max_seq_len - max_completion_tokens) part
-GRADER = {"type": "string_check", "name": "exact", "operation": "eq", "input": "{{sample.output_text}}",
-          "reference": "{{item.answer}}"}  # fmt: skip
+# objective grpo on bench/gpu_grpo.py's prompts and exact-match grader (sampled at temperature 1): prompts
+# of 20-97 tokens, so the plan from the data's longest prompt and the worst case (every prompt
+# max_seq_len - max_completion_tokens) part
 # method, checkpointing, micro-batch (prompts), generations, max_seq_len, max_completion_tokens, beta
 GRPO_GRID: list[tuple[str, bool, int, int, int, int, float]] = [
     ("lora", False, 2, 4, 256, 32, 0.0),
@@ -91,17 +91,6 @@ def configs(steps: int) -> list[tuple[str, JobSpec, int]]:
         )  # fmt: skip
         out.append(("prompts", spec, 1))
     return out
-
-
-def prompts(path: Path) -> Path:
-    words = ["alpha", "bravo", "charlie", "delta", "echo"]
-    rows = [
-        {"messages": [{"role": "user", "content": f"Repeat the word {words[i % 5]} " + "please " * (i % 30)}],
-         "answer": words[i % 5]}
-        for i in range(48)
-    ]  # fmt: skip
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def long_texts(path: Path) -> Path:
@@ -151,7 +140,7 @@ def main() -> int:
         data = {
             "short": ROOT / "examples" / "alpaca_small.jsonl",
             "long": long_texts(tmp / "long.jsonl"),
-            "prompts": prompts(tmp / "prompts.jsonl"),
+            "prompts": prompts(tmp / "prompts.jsonl", 48),
         }
         print(
             f"{'#':>2} {'data':7} {'pack':5} {'method':10} {'ckpt':5} {'micro':>7} {'seq':>5} {'gpus':>4} "

@@ -176,7 +176,7 @@ def batch_shape(spec: JobSpec, items: Sequence[Any], val_items: Sequence[Any] = 
     max_completion_tokens: the rollouts' cache is counted at that width."""
     if not items:
         return None
-    lengths, targets = [x.length for x in items], [x.num_targets for x in items]
+    lengths = [x.length for x in items]
     if spec.rl.enabled:
         n, completion = spec.num_generations, spec.max_completion_tokens
         widths = [length + completion for length in lengths]
@@ -186,6 +186,7 @@ def batch_shape(spec: JobSpec, items: Sequence[Any], val_items: Sequence[Any] = 
         widest = max(x.length for x in [*items, *val_items]) + completion
         return BatchShape(tokens=tokens, seq_len=widest, targets=scored)
     widths = [max(x.chosen.length, x.rejected.length) if hasattr(x, "chosen") else x.length for x in items]
+    targets = [x.num_targets for x in items]
     tokens, widest, scored = batches.largest_micro_batch(spec, lengths, widths, targets)
     return BatchShape(tokens=tokens, seq_len=widest, targets=scored)
 

@@ -73,6 +73,14 @@ def _rouge_scorer(kind: str) -> Any:
     return rouge_scorer.RougeScorer([kind], use_stemmer=False)
 
 
+@cache
+def _rouge_tokenizer() -> Any:
+    """The tokenizer RougeScorer makes for use_stemmer=False."""
+    from rouge_score import tokenizers
+
+    return tokenizers.DefaultTokenizer(use_stemmer=False)
+
+
 def _rouge(kind: str) -> Metric:
     def rouge(given: str, reference: str) -> float:
         return float(_rouge_scorer(kind).score(reference, given)[kind].fmeasure)
@@ -82,9 +90,9 @@ def _rouge(kind: str) -> Metric:
 
 def rouge_l(given: str, reference: str) -> float:
     """rouge-score's rougeL F-measure: its tokenizer and fmeasure, the LCS length of lcs_length."""
-    from rouge_score import scoring, tokenizers
+    from rouge_score import scoring
 
-    tokenizer = tokenizers.DefaultTokenizer(use_stemmer=False)
+    tokenizer = _rouge_tokenizer()
     target, prediction = tokenizer.tokenize(reference), tokenizer.tokenize(given)
     if not target or not prediction:
         return 0.0

@@ -70,14 +70,18 @@ def lora_input_copy_bytes(s: ActivationSetup, m: LinearModule) -> int:
     output; under autocast, autocast's cast for the matmul, made from peft's fp32 cast of the input
     (s.lora_input_cast) or from an input outside the compute dtype (an fp32 residual stream's norm
     output); without autocast, peft's cast to the fp32 adapter when the activations are not fp32."""
-    e = s.compute_bytes
-    lora_e = s.lora_bytes or (e if s.autocast else 4)
+    e, lora_e = s.compute_bytes, _lora_bytes(s)
     if s.lora_dropout:
         return lora_e
     if s.autocast:
         x_b = (s.residual_bytes or e) if m.group in ("attn_in", "mlp_in") else e
         return lora_e if (s.lora_input_cast or x_b != e) else 0
     return lora_e if e != 4 else 0
+
+
+def _lora_bytes(s: ActivationSetup) -> int:
+    """Bytes per value of what lora_A saves (its input copy, its r outputs)."""
+    return s.lora_bytes or (s.compute_bytes if s.autocast else 4)
 
 
 def layer_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> tuple[float, list[str]]:
@@ -186,8 +190,7 @@ def _lora_saved_per_token(arch: Architecture, s: ActivationSetup) -> float:
     linear read: one per input group (q/k/v share one, gate/up another), and none for o_proj under
     SDPA/flash, whose input is the attention output the kernel already keeps.
     """
-    e = s.compute_bytes
-    lora_e = s.lora_bytes or (e if s.autocast else 4)
+    e, lora_e = s.compute_bytes, _lora_bytes(s)
     block = {b.name for b in arch.block_linears}
     total = 0.0
     shared: dict[str, float] = {}
