@@ -19,6 +19,7 @@ from core.settings import Settings
 from core.spec import JobSpec
 from core.storage import Storage
 from models.db import make_engine, make_session_factory
+from models.fleet_limits import FleetCounters
 from models.placement import Placer
 from models.submission import OpenAIFields, submit_job
 from models.tables import Job
@@ -38,9 +39,11 @@ class Services:
     broker_ping: Callable[[], bool]
     rate_limiter: RateLimiter
     local_principal: Principal | None = None  # set at startup (lifespan) when auth is off
+    # The broker's counts: each tenant's bounds below and its request rate hold across every API process.
+    fleet: FleetCounters | None = None
     # Queued jobs planned on the fleet's devices, cached across requests (queue position, waiting reasons).
     placer: Placer = field(init=False)
-    # This process's bounds on work at once (429 past them): measurements at admission, uploads streaming.
+    # Bounds on work at once (429 past them), per tenant across the fleet (with a broker), in all per process.
     measurements: TenantGate = field(init=False)
     uploads: TenantGate = field(init=False)
     chats: TenantGate = field(init=False)  # the engine is shared: a tenant's chat completions at once
@@ -50,16 +53,18 @@ class Services:
     def __post_init__(self) -> None:
         self.placer = Placer(self.catalog)
         self.pulls = HubPulls(self.settings.models_dir)
-        self.measurements = measurement_gate(self.settings)
+        self.measurements = measurement_gate(self.settings, self.fleet)
         self.uploads = TenantGate(
             what="uploads",
             code="too_many_uploads",
             per_tenant=self.settings.max_concurrent_uploads_per_tenant,
+            fleet=self.fleet,
         )
         self.chats = TenantGate(
             what="chat completions",
             code="too_many_concurrent_requests",
             per_tenant=self.settings.chat_max_concurrent_per_tenant,
+            fleet=self.fleet,
             retry_after=1,
         )
         self.grader_runs = TenantGate(
@@ -67,6 +72,7 @@ class Services:
             code="too_many_concurrent_requests",
             per_tenant=self.settings.grader_run_max_concurrent_per_tenant,
             total=self.settings.grader_run_max_concurrent,
+            fleet=self.fleet,
             retry_after=1,
         )
 
@@ -80,6 +86,7 @@ class Services:
         """The services wired from settings; both publishers default to the broker (core.queues). Building
         them has no side effect: the engine connects on first use, the broker on the first publish."""
         engine = make_engine(settings.resolved_database_url)
+        fleet = FleetCounters(settings.redis_url) if settings.redis_url else None
         if enqueue is None or token_stats is None:
             run_job, stats = broker_publishers(settings)
             enqueue, token_stats = enqueue or run_job, token_stats or stats
@@ -92,7 +99,8 @@ class Services:
             enqueue=enqueue,
             request_token_stats=token_stats,
             broker_ping=redis_ping(settings.redis_url),
-            rate_limiter=RateLimiter(settings.rate_limit_per_minute),
+            rate_limiter=RateLimiter(settings.rate_limit_per_minute, fleet),
+            fleet=fleet,
         )
 
     def submit(self, spec: JobSpec, *, tenant_id: str, openai: OpenAIFields | None = None) -> Job:

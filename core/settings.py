@@ -35,7 +35,8 @@ class Settings(BaseSettings):
     # Provision this admin key (format ftk_<id>_<secret>) at start, e.g. from a secret store.
     bootstrap_admin_key: str = ""
 
-    # Per-tenant limits.
+    # Per-tenant limits. The request rate and the bounds on a tenant's work at once below are counted in the
+    # broker (redis_url) across every API process (models.fleet_limits); in each process where there is none.
     max_active_jobs_per_tenant: int = Field(default=20, ge=1)
     max_stored_bytes_per_tenant: int = Field(default=100 * 2**30, ge=0)
     rate_limit_per_minute: int = Field(default=1200, ge=1)
@@ -66,7 +67,7 @@ class Settings(BaseSettings):
     # Admission under a hostile tenant (models.token_stats, models.tenants.TenantGate): measurements at
     # once, all tenants together, per API process (one per tenant at most); beyond: 429 with Retry-After.
     # The measuring child's address space (RLIMIT_AS, bytes; 0: unlimited) and CPU seconds (RLIMIT_CPU; 0:
-    # the measurement's timeout). Uploads streaming at once per tenant, per API process (429 beyond).
+    # the measurement's timeout). Uploads streaming at once per tenant (429 beyond).
     admission_max_concurrent_measurements: int = Field(default=2, ge=1)
     admission_measure_max_memory_bytes: int = Field(default=2 * 2**30, ge=0)
     admission_measure_max_cpu_seconds: int = Field(default=0, ge=0)
@@ -110,7 +111,7 @@ class Settings(BaseSettings):
     # Chat completions and the engine (docs/inference.md). The engine's key (vLLM's --api-key): when set,
     # ftune's engine wants `Authorization: Bearer <key>` on every route but /health, and the API and the
     # workers send it; `ftune up` makes one for its own engine. Per tenant, at most this many chat requests
-    # at once in an API process (429 past it); n x max_tokens at most this many tokens; vLLM's ignore_eos
+    # at once (429 past it); n x max_tokens at most this many tokens; vLLM's ignore_eos
     # only where the operator allows it. ftune's engine stops a generation after this many seconds.
     inference_api_key: str = ""
     chat_max_concurrent_per_tenant: int = Field(default=2, ge=1)
@@ -136,7 +137,7 @@ class Settings(BaseSettings):
     # only (ftune's own /v1 takes response_format text alone): the graders then read a bare number or label.
     grader_model_structured_outputs: bool = True
     grader_concurrency: int = Field(default=8, ge=1, le=256)
-    # POST /v1/fine_tuning/alpha/graders/run: samples graded at once per tenant and in all, per API process
+    # POST /v1/fine_tuning/alpha/graders/run: samples graded at once per tenant, and in all per API process
     # (each can hold a threadpool thread, a sandboxed child or a judge request; 429 past either).
     grader_run_max_concurrent_per_tenant: int = Field(default=2, ge=1)
     grader_run_max_concurrent: int = Field(default=8, ge=1)

@@ -5,7 +5,7 @@ A quota decision (a job slot, stored bytes) is made in a transaction that first 
 counts without the others' rows. Admission holds a job slot while it measures (`reserve_job_slot`):
 the slot is taken before anything slow and given back, or turned into the Job row, in short
 transactions; no lock is held while the data is measured. `TenantGate` bounds work of one kind at once
-(uploads streaming, measurements running), per process.
+(uploads streaming, measurements running) per tenant, across the fleet when given its broker.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from core import keys
 from core.errors import PayloadTooLarge, RateLimited
 from core.states import TERMINAL
 from core.storage import new_id
+from models.fleet_limits import FleetCounters, Unavailable
 from models.tables import ApiKey, Dataset, IdempotencyKey, Job, Tenant, utcnow
 
 
@@ -199,14 +200,24 @@ def release_job_slot(session: Session, tenant_id: str, job_id: str) -> None:
 
 
 class TenantGate:
-    """At most `per_tenant` holders of one tenant, and `total` of all tenants (0: no total), at once in this
-    process; past either, `hold` raises RateLimited (429, Retry-After) at once rather than queueing work."""
+    """At most `per_tenant` holders of one tenant at once, and `total` of all tenants (0: no total) in this
+    process; past either, `hold` raises RateLimited (429, Retry-After) at once rather than queueing work.
+    With `fleet` the tenant's holders are counted across every process that shares its broker (counted in
+    this process while the broker cannot be reached); the total stays this process's: it protects its host."""
 
     def __init__(
-        self, *, what: str, code: str, per_tenant: int, total: int = 0, retry_after: int = 5
+        self,
+        *,
+        what: str,
+        code: str,
+        per_tenant: int,
+        total: int = 0,
+        retry_after: int = 5,
+        fleet: FleetCounters | None = None,
     ) -> None:
         self.what, self.code = what, code
         self.per_tenant, self.total, self.retry_after = per_tenant, total, retry_after
+        self.fleet = fleet
         self._lock = threading.Lock()
         self._held: Counter[str] = Counter()
 
@@ -214,19 +225,25 @@ class TenantGate:
         """A hold of the tenant's (RateLimited when none is left), and its release (idempotent): for a
         hold that ends elsewhere than it began, as a chat stream's does."""
         with self._lock:
-            if self._held[tenant_id] >= self.per_tenant:
-                raise RateLimited(
-                    f"at most {self.per_tenant} {self.what} per tenant at once; retry when one has finished",
-                    retry_after=self.retry_after,
-                    code=self.code,
-                )
             if self.total and sum(self._held.values()) >= self.total:
-                raise RateLimited(
-                    f"the server runs at most {self.total} {self.what} at once; retry shortly",
-                    retry_after=self.retry_after,
-                    code=self.code,
-                )
+                raise self._refused(f"the server runs at most {self.total} {self.what} at once; retry soon")
+            room = self._held[tenant_id] < self.per_tenant
             self._held[tenant_id] += 1
+        key, lease = f"ftune:holds:{self.what}:{tenant_id}", None
+        if self.fleet is not None:
+            try:
+                lease = self.fleet.take(key, self.per_tenant)
+                room = lease is not None
+            except Unavailable:
+                pass  # this process's count decides
+            except BaseException:
+                self._drop(tenant_id)
+                raise
+        if not room:
+            self._drop(tenant_id)
+            raise self._refused(
+                f"at most {self.per_tenant} {self.what} per tenant at once; retry when one has finished"
+            )
         released = False
 
         def release() -> None:
@@ -235,11 +252,20 @@ class TenantGate:
                 if released:
                     return
                 released = True
-                self._held[tenant_id] -= 1
-                if self._held[tenant_id] <= 0:
-                    del self._held[tenant_id]
+            self._drop(tenant_id)
+            if lease is not None and self.fleet is not None:
+                self.fleet.release(key, lease)
 
         return release
+
+    def _drop(self, tenant_id: str) -> None:
+        with self._lock:
+            self._held[tenant_id] -= 1
+            if self._held[tenant_id] <= 0:
+                del self._held[tenant_id]
+
+    def _refused(self, message: str) -> RateLimited:
+        return RateLimited(message, retry_after=self.retry_after, code=self.code)
 
     @contextmanager
     def hold(self, tenant_id: str) -> Iterator[None]:

@@ -52,6 +52,7 @@ from models import datasets as datasets_db
 from models import jobs as jobs_db
 from models.admission import Measure
 from models.db import session_scope
+from models.fleet_limits import FleetCounters
 from models.replan import replan
 from models.tenants import TenantGate
 
@@ -128,6 +129,16 @@ def subprocess_compute(timeout_seconds: float, *, memory_bytes: int = 0, cpu_sec
     return compute
 
 
+def worker_compute(settings: Settings) -> Compute:
+    """The CPU worker's computation (the `ftune.token_stats` task): a tenant's data as at admission, so
+    under the same address-space limit (settings.admission_measure_max_memory_bytes), and its CPU time
+    bounded by its own timeout (settings.token_stats_timeout_seconds)."""
+    timeout = settings.token_stats_timeout_seconds
+    return subprocess_compute(
+        timeout, memory_bytes=settings.admission_measure_max_memory_bytes, cpu_seconds=math.ceil(timeout)
+    )
+
+
 def parse_output(job_id: str, returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
     """The stored value for the process's answer: its last stdout line is one JSON object."""
     lines = [line for line in stdout.splitlines() if line.strip()]
@@ -172,15 +183,17 @@ def stats_request(
 MEASURE_RETRY_AFTER = 10  # seconds: a measurement of a small data set takes a few
 
 
-def measurement_gate(settings: Settings) -> TenantGate:
-    """The process's bound on measurements at admission: one per tenant, and
-    settings.admission_max_concurrent_measurements of all tenants together, at once (429 past either)."""
+def measurement_gate(settings: Settings, fleet: FleetCounters | None = None) -> TenantGate:
+    """The bound on measurements at admission: one per tenant (across the fleet with `fleet`), and
+    settings.admission_max_concurrent_measurements of all tenants together in this process, at once (429
+    past either)."""
     return TenantGate(
         what="measurements of data at admission",
         code="too_many_measurements",
         per_tenant=1,
         total=settings.admission_max_concurrent_measurements,
         retry_after=MEASURE_RETRY_AFTER,
+        fleet=fleet,
     )
 
 

@@ -31,7 +31,7 @@ from core.queues import QUEUE, REAP, RUN_JOB, TOKEN_STATS, Enqueuer, class_queue
 from core.settings import Settings, get_settings
 from models import workers as workers_db
 from models.db import make_engine, make_session_factory, session_scope
-from models.token_stats import compute_and_store, subprocess_compute
+from models.token_stats import compute_and_store, worker_compute
 from worker.celery_app import DELIVER_WEBHOOKS, create_celery
 from worker.dispatch import pass_on, refresh_waiting
 from worker.reaper import reap, release_predecessor
@@ -169,7 +169,7 @@ def build_worker(settings: Settings, app: Celery) -> Worker:
         except Exception:
             return None  # unknown: do not re-send
 
-    compute = subprocess_compute(settings.token_stats_timeout_seconds)
+    compute = worker_compute(settings)
     return Worker(settings, sessions, runner, wake, compute, queue_depth)
 
 

@@ -242,43 +242,76 @@ def test_parallel_uploads_cannot_overrun_the_storage_quota(
         assert sum(p.stat().st_size for p in stored) <= 30_000  # the refused file is not left on disk
 
 
+class SlowUploads:
+    """Uploads that stream slowly: each waits in the route, holding its place, until `go` (10 s at most)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.inside = threading.Semaphore(0)
+        self.go = threading.Event()
+        real = datasets_routes.receive_and_validate
+
+        async def slow(*args: Any) -> Any:
+            self.inside.release()
+            with anyio.move_on_after(10):
+                while not self.go.is_set():
+                    await anyio.sleep(0.02)
+            return await real(*args)
+
+        monkeypatch.setattr(datasets_routes, "receive_and_validate", slow)
+        monkeypatch.setattr(openai_files, "receive_and_validate", slow)
+
+    def start(self, client: TestClient, n: int) -> list[Started]:
+        post = lambda: client.post("/datasets", files={"file": ("a.jsonl", ALPACA)})  # noqa: E731
+        held = [Started(post) for _ in range(n)]
+        for _ in held:
+            assert self.inside.acquire(timeout=20)
+        return held
+
+
+def _refused_upload(client: TestClient) -> None:
+    third = client.post("/datasets", files={"file": ("c.jsonl", ALPACA)})
+    assert third.status_code == 429, third.text
+    assert third.json()["error"]["code"] == "too_many_uploads" and int(third.headers["Retry-After"]) > 0
+
+
 def test_uploads_at_once_per_tenant_are_limited(
     make_app: Callable[..., FastAPI], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app = make_app(max_concurrent_uploads_per_tenant=2)
-    inside = threading.Semaphore(0)
-    go = threading.Event()
-    real = datasets_routes.receive_and_validate
-
-    async def slow(*args: Any) -> Any:  # a client that streams its upload slowly (for 10 s at most)
-        inside.release()
-        with anyio.move_on_after(10):
-            while not go.is_set():
-                await anyio.sleep(0.02)
-        return await real(*args)
-
-    monkeypatch.setattr(datasets_routes, "receive_and_validate", slow)
-    monkeypatch.setattr(openai_files, "receive_and_validate", slow)
+    uploads = SlowUploads(monkeypatch)
     with _client(app, "attacker") as client, _client(app, "neighbour") as neighbour:
         try:
-            held = [
-                Started(lambda: client.post("/datasets", files={"file": ("a.jsonl", ALPACA)})) for _ in "ab"
-            ]
-            for _ in held:
-                assert inside.acquire(timeout=20)
-            third = client.post("/datasets", files={"file": ("c.jsonl", ALPACA)})
-            assert third.status_code == 429, third.text
-            assert (
-                third.json()["error"]["code"] == "too_many_uploads" and int(third.headers["Retry-After"]) > 0
-            )
+            held = uploads.start(client, 2)
+            _refused_upload(client)
             v1 = client.post("/v1/files", files={"file": ("c.jsonl", ALPACA)}, data={"purpose": "fine-tune"})
             assert v1.status_code == 429 and v1.json()["error"]["type"] == "rate_limit_error", v1.text
-            other = Started(lambda: neighbour.post("/datasets", files={"file": ("n.jsonl", ALPACA)}))
-            assert inside.acquire(timeout=20)  # another tenant is not held back
+            other = uploads.start(neighbour, 1)  # another tenant is not held back
         finally:
-            go.set()
-        assert [h.result().status_code for h in (*held, other)] == [201, 201, 201]
+            uploads.go.set()
+        assert [h.result().status_code for h in (*held, *other)] == [201, 201, 201]
         assert client.post("/datasets", files={"file": ("d.jsonl", ALPACA)}).status_code == 201
+
+
+def test_a_tenants_bounds_hold_across_api_processes(
+    make_app: Callable[..., FastAPI], monkeypatch: pytest.MonkeyPatch, redis_url: str
+) -> None:
+    """Two API processes (two apps, each its own Services) on one database and one real broker: a tenant's
+    uploads at once and its request rate count across both, as a fleet behind a load balancer would."""
+    bounds = {"max_concurrent_uploads_per_tenant": 2, "rate_limit_per_minute": 5}
+    first, second = (make_app(redis_url=redis_url, **bounds) for _ in "ab")
+    uploads = SlowUploads(monkeypatch)
+    key = new_key(first, "attacker")
+    with TestClient(first, headers=key) as on_first, TestClient(second, headers=key) as on_second:
+        try:
+            held = uploads.start(on_first, 2)
+            _refused_upload(on_second)
+        finally:
+            uploads.go.set()
+        assert [h.result().status_code for h in held] == [201, 201]
+        assert on_second.post("/datasets", files={"file": ("d.jsonl", ALPACA)}).status_code == 201
+        burst = new_key(first, "burst")
+        statuses = [c.get("/datasets", headers=burst).status_code for c in (on_first, on_second) * 3]
+        assert statuses == [200] * 5 + [429], statuses  # one bucket of 5 a minute for both
 
 
 # -- (7) small holes ------------------------------------------------------------------------------------

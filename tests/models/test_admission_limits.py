@@ -13,8 +13,9 @@ import pytest
 
 from core.data.token_stats import StatsRequest
 from core.errors import RateLimited
+from core.settings import Settings
 from models.tenants import TenantGate
-from models.token_stats import limited_command, subprocess_compute
+from models.token_stats import limited_command, subprocess_compute, worker_compute
 
 MiB = 2**20
 ALLOCATE = """
@@ -37,7 +38,8 @@ def test_the_child_runs_under_its_memory_and_cpu_limits() -> None:
     assert unlimited.stdout.split("\n")[1] == "allocated"
 
 
-def test_a_measurement_past_its_memory_limit_is_a_clean_failed_record(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["admission", "cpu worker"])
+def test_a_measurement_past_its_memory_limit_is_a_clean_failed_record(tmp_path: Path, where: str) -> None:
     request = StatsRequest(
         job_id="j1",
         model_dir=tmp_path / "model",
@@ -45,7 +47,11 @@ def test_a_measurement_past_its_memory_limit_is_a_clean_failed_record(tmp_path: 
         column_mapping=None,
         spec_json="{}",
     )
-    result = subprocess_compute(60, memory_bytes=200 * MiB)(request, threading.Event())
+    if where == "admission":
+        compute = subprocess_compute(60, memory_bytes=200 * MiB)
+    else:  # the worker's task measures a tenant's data too: under the same limit
+        compute = worker_compute(Settings(admission_measure_max_memory_bytes=200 * MiB))
+    result = compute(request, threading.Event())
     assert result is not None and result["status"] == "failed", result
     assert result["error"]["code"] == "token_stats_memory", result
     assert "/" not in result["error"]["message"]  # no server paths
