@@ -1,4 +1,5 @@
-"""The ops dashboard: one static page (no build step) that polls the JSON API, and its summary endpoint."""
+"""The ops dashboard: one static page (no build step) that polls the JSON API, its scripts and style
+(api/static/dashboard/: a file per part of the page), and its summary endpoint."""
 
 from __future__ import annotations
 
@@ -7,23 +8,40 @@ from importlib.resources import files
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel
 
 from api.auth import PrincipalDep, scope
 from api.deps import SessionDep
 from api.responses import AUTHED, errors
 from api.routes.workers import WorkerOut, list_workers
+from core.errors import NotFound
 from models import stats
 from models.tables import utcnow
 
 router = APIRouter(tags=["dashboard"])
+
+# The page's parts by name, listed from the package once: a request names one of these, never a path.
+ASSET_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+ASSETS = {
+    part.name: ASSET_TYPES[part.name[part.name.rfind(".") :]]
+    for part in files("api").joinpath("static/dashboard").iterdir()
+    if part.name.endswith(tuple(ASSET_TYPES))
+}
 
 
 @router.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)
 def dashboard() -> HTMLResponse:
     # The page itself is public and holds no data; it asks for a key and every API call sends it.
     return HTMLResponse(files("api").joinpath("static/dashboard.html").read_text())
+
+
+@router.get("/dashboard/static/{name}", include_in_schema=False)
+def dashboard_part(name: str) -> Response:
+    if name not in ASSETS:
+        raise NotFound(f"no dashboard file {name!r}")
+    text = files("api").joinpath("static/dashboard", name).read_text()
+    return Response(text, media_type=ASSETS[name], headers={"Cache-Control": "no-cache"})
 
 
 @router.get("/", include_in_schema=False, response_class=HTMLResponse)

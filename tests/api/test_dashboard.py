@@ -35,10 +35,25 @@ def _services(client: TestClient) -> Services:
     return client.app.state.services  # type: ignore[attr-defined,no-any-return]
 
 
+def whole_page(anonymous: TestClient) -> str:
+    """The page and every script and style sheet it names, as a browser loads them (no key)."""
+    page = anonymous.get("/dashboard")
+    assert page.status_code == 200
+    parts = re.findall(r'(?:src|href)="(/dashboard/static/[^"]+)"', page.text)
+    assert len(parts) >= 2
+    texts = [page.text]
+    for url in parts:
+        r = anonymous.get(url)
+        assert r.status_code == 200, url
+        assert r.headers["content-type"].startswith("text/css" if url.endswith(".css") else "text/javascript")
+        texts.append(r.text)
+    return "\n".join(texts)
+
+
 def test_page_is_public_but_its_data_needs_a_key(client: TestClient) -> None:
-    page = TestClient(client.app).get("/dashboard")
-    assert page.status_code == 200 and "API key needed" in page.text
-    assert "Authorization" in page.text and "localStorage" in page.text
+    page = whole_page(TestClient(client.app))
+    assert "API key needed" in page
+    assert "Authorization" in page and "localStorage" in page
     r = TestClient(client.app).get("/dashboard/summary")
     assert r.status_code == 401 and set(r.json()["error"]) == ERROR_KEYS
 
@@ -162,10 +177,17 @@ def test_metrics_need_an_admin_and_label_latency_by_route_template(
     assert 'route="unmatched"' in admin_client.get("/metrics").text
 
 
+def test_only_the_pages_own_files_are_served(client: TestClient) -> None:
+    anonymous = TestClient(client.app)
+    for name in ("nope.js", "..%2Fdeps.py", "..%2F..%2Fpyproject.toml", "%2Fetc%2Fpasswd", "dashboard.html"):
+        r = anonymous.get(f"/dashboard/static/{name}")
+        assert r.status_code == 404, (name, r.text)
+
+
 def test_the_status_filter_offers_every_status(client: TestClient) -> None:
     from core.states import JobStatus
 
-    page = TestClient(client.app).get("/dashboard").text
+    page = whole_page(TestClient(client.app))
     select = page[page.index("<option") : page.index("</select>", page.index("<option"))]
     offered = set(re.findall(r"<option>(\w+)</option>", select))
     assert offered == {s.value for s in JobStatus}
