@@ -18,7 +18,8 @@ from core.catalog import Catalog
 from core.settings import Settings
 from core.spec import JobSpec
 from core.storage import Storage
-from models.db import make_engine, make_session_factory
+from models import jobs as jobs_db
+from models.db import make_engine, make_session_factory, session_scope
 from models.fleet_limits import FleetCounters
 from models.placement import Placer
 from models.submission import OpenAIFields, submit_job
@@ -102,6 +103,16 @@ class Services:
             rate_limiter=RateLimiter(settings.rate_limit_per_minute, fleet),
             fleet=fleet,
         )
+
+    def delete_finished_job(self, job_id: str) -> bool:
+        """Mark a finished job deleted (its record and events stay) and remove its files: checkpoints,
+        adapter, merged weights, metrics, logs. False when it has not finished: nothing is done. The files
+        go after the commit: a crash leaves files, never rows that name missing files."""
+        with session_scope(self.sessions) as s:
+            deleted = jobs_db.mark_deleted(s, job_id=job_id)
+        if deleted:
+            self.storage.delete_job_files(job_id)
+        return deleted
 
     def submit(self, spec: JobSpec, *, tenant_id: str, openai: OpenAIFields | None = None) -> Job:
         """models.submission.submit_job on these services: POST /jobs, /v1 and `ftune jobs submit` alike."""

@@ -114,6 +114,14 @@ class Storage:
     def delete_job_files(self, job_id: str) -> None:
         shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
 
+    def delete_checkpoint_files(self, job_id: str, step: int, checkpoint: Path) -> None:
+        """A checkpoint's directory (inside the job's, or nothing is removed) and the adapter laid out from
+        it for serving: the checkpoint is then gone as one keep_checkpoints pruned is."""
+        job_dir = self.job_dir(job_id).resolve()
+        for path in (checkpoint, self.checkpoint_adapter_dir(job_id, step)):
+            if path.resolve().is_relative_to(job_dir) and path.resolve() != job_dir:
+                shutil.rmtree(path, ignore_errors=True)
+
 
 @contextmanager
 def atomic_dir(target: Path) -> Iterator[Path]:

@@ -34,7 +34,6 @@ from core.spec import JobSpec
 from core.states import JobStatus
 from models import jobs as jobs_db
 from models import openai_jobs
-from models.db import session_scope
 from models.queue_view import queue_view
 from models.tables import Job
 from models.tenants import Principal
@@ -105,8 +104,9 @@ def resume_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> J
 def delete_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> JobOut:
     """Delete a finished job's files (checkpoints, adapter, metrics, logs); its record stays, marked
     deleted, so audits and the dashboard still show it. A job that has not finished: 409 job_not_finished."""
-    with session_scope(services.sessions) as s:
-        deleted = jobs_db.mark_deleted(s, job_id=NATIVE.load(s, job_id, principal).id)
+    with services.sessions() as s:
+        NATIVE.load(s, job_id, principal)  # the caller's, or 404
+    deleted = services.delete_finished_job(job_id)
     with services.sessions() as s:
         job = NATIVE.load(s, job_id, principal)
         if not deleted:
@@ -116,9 +116,7 @@ def delete_job(job_id: str, services: ServicesDep, principal: PrincipalDep) -> J
                 param="job_id",
                 details={"status": job.status},
             )
-        out = job_out(job)
-    services.storage.delete_job_files(job_id)  # after the commit: a crash leaves files, never dangling rows
-    return out
+        return job_out(job)
 
 
 @router.get("/{job_id}/events", response_model=EventPage, responses=errors(404))
