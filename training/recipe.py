@@ -43,6 +43,7 @@ from training import (
     distributed,
     evaluate,
     export,
+    fused,
     memory,
     metrics,
     model,
@@ -132,6 +133,8 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
     net = model.load_model(spec, Path(config.model_dir), on, init_adapter=init)
     if precision.dtype is not None and device.type == "cuda":
         model.skip_adapter_input_casts(net)
+    if device.type == "cuda":  # compiled norms and gates; the planner counts them on a GPU (training.fused)
+        log.info("fused norms and gated MLPs: %s", fused.install(net, device))
     if sharded:
         distributed.shard(net, device)
         log.info("FSDP over %d processes", distributed.world_size())

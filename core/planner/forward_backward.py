@@ -14,12 +14,15 @@ from core.planner.memory import (
     chunked_loss_bytes,
     dequant_excess_bytes,
     flash_backward_bytes,
+    fused_gate,
+    fused_norm,
     largest_saved_tensor_per_token,
     layer_saved_bytes_per_token,
     logits_bytes_per_token,
     lora_forward_transient_per_token,
     mlp_saved_bytes_per_token,
     nf4_bytes,
+    norm_input_bytes,
     unpack_excess_bytes,
 )
 from core.planner.rollouts import rollout
@@ -162,7 +165,14 @@ def activation_setup(c: Context) -> ActivationSetup:
         lora_bytes=c.lora_act_b,
         residual_bytes=c.res_b,
         lora_input_cast=lora_input_cast(c),
+        fused_norms=fused(c) and fused_norm(c.arch),
+        fused_gate=fused(c) and fused_gate(c.arch),
     )
+
+
+def fused(c: Context) -> bool:
+    """Whether the engine compiles norms and gates (Runtime.fused_norm_mlp): ftune's does on a GPU."""
+    return c.runtime.fused_norm_mlp and not c.cpu
 
 
 def lora_input_cast(c: Context) -> bool:
@@ -200,12 +210,12 @@ def _activations(c: Context) -> tuple[Term, int]:
     per_layer, parts = layer_saved_bytes_per_token(arch, setup)
     layer_bytes = int(per_layer * tokens)
     res_b = c.res_b  # dtype of the residual stream between blocks (a checkpointed layer's input)
-    final_norm = 4 * h * tokens  # the final norm keeps its fp32 input
+    final_norm = norm_input_bytes(setup) * h * tokens  # the final norm keeps its (fp32 upcast) input
     if spec.gradient_checkpointing:
         act = arch.num_layers * res_b * h * tokens + final_norm
         act_note = (
             f"checkpointing: each of {arch.num_layers} layers keeps its input ({res_b} B x hidden x "
-            f"{tokens} tokens) + the final norm's fp32 input"
+            f"{tokens} tokens) + the final norm's input"
         )
     else:
         act = arch.num_layers * layer_bytes + final_norm

@@ -62,6 +62,30 @@ class ActivationSetup:
     residual_bytes: int = 0  # the residual stream's dtype (the norms' outputs); 0: the compute dtype
     # under autocast, peft casts a LoRA input to the fp32 adapter first (Runtime.lora_input_cast)
     lora_input_cast: bool = True
+    # compiled norms and gates (Runtime.fused_norm_mlp, where fused_norm and fused_gate hold)
+    fused_norms: bool = False
+    fused_gate: bool = False
+
+
+# The families whose modules training.fused replaces (its tests check this against each family's model):
+# RMSNorm of Llama's formula (Gemma's scales by 1 + weight), and Llama's MLP forward with separate
+# gate_proj and up_proj (Phi-3 has one gate_up_proj) and an activation it knows.
+FUSED_NORM_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})
+FUSED_GATE_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text"})
+FUSED_GATE_ACTS = frozenset({"silu", "swish", "gelu_pytorch_tanh"})
+
+
+def fused_norm(arch: Architecture) -> bool:
+    return arch.model_type in FUSED_NORM_TYPES
+
+
+def fused_gate(arch: Architecture) -> bool:
+    return arch.gated_mlp and arch.model_type in FUSED_GATE_TYPES and arch.hidden_act in FUSED_GATE_ACTS
+
+
+def norm_input_bytes(s: ActivationSetup) -> int:
+    """Bytes per value a norm keeps of its input: its fp32 upcast, or compiled, the input itself."""
+    return (s.residual_bytes or s.compute_bytes) if s.fused_norms else 4
 
 
 def lora_input_copy_bytes(s: ActivationSetup, m: LinearModule) -> int:
@@ -88,21 +112,25 @@ def layer_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> tuple
     """Bytes one decoder block keeps for backward per token, averaged over layers, and its parts.
 
     Derived from a Llama block (and checked on CPU with saved-tensor hooks):
-      - each RMSNorm/LayerNorm keeps its fp32 upcast input (4 B x hidden); full FT also its output
+      - each RMSNorm/LayerNorm keeps its fp32 upcast input (4 B x hidden); compiled (fused_norms) its
+        input as it is; full FT also its output
       - a frozen base linear keeps nothing (autograd saves an input only for a weight gradient);
         a LoRA-wrapped one keeps what lora_A reads, plus lora_A's r outputs (see _lora_saved_per_token)
       - SDPA/flash keep q, k, v, the output and a fp32 logsumexp per head; eager keeps q, k, v
         (k, v repeated to all heads), the fp32 softmax and its compute-dtype copy: (4 + 2) x heads x seq
       - a gated MLP keeps gate (act input), act output and up (the product's operands): 3 x inter;
+        compiled (fused_gate) gate and up: 2 x inter;
         a plain MLP keeps the activation's input (python GELUs like gelu_new keep 4 tensors)
       - full FT: the input of each distinct linear input group (q/k/v share one, gate/up share one)
     """
     e, h = s.compute_bytes, arch.hidden_size
     q_dim, kv_dim = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
     parts: dict[str, float] = {}
-    parts["norm inputs (fp32)"] = 4 * h * arch.norms_per_layer
+    norm_b = norm_input_bytes(s)
+    parts["norm inputs" + (" (fp32)" if norm_b == 4 else "")] = norm_b * h * arch.norms_per_layer
     if arch.qk_norm:
-        parts["q/k norm inputs (fp32)"] = 4 * (q_dim + kv_dim)
+        q_b = e if s.fused_norms else 4  # compiled: the q and k projections' outputs as they are
+        parts["q/k norm inputs" + (" (fp32)" if q_b == 4 else "")] = q_b * (q_dim + kv_dim)
     if s.full:
         parts["norm outputs"] = e * h * arch.norms_per_layer
     kv = q_dim if (s.kv_repeated or s.attn == "eager") else kv_dim
@@ -112,7 +140,9 @@ def layer_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> tuple
     else:
         parts["q, k, v, attention out"] = e * (2 * q_dim + 2 * kv) + 4 * arch.num_heads
     inter = arch.intermediate_size
-    if arch.gated_mlp:
+    if arch.gated_mlp and s.fused_gate:
+        parts["gate, up"] = 2 * e * inter
+    elif arch.gated_mlp:
         parts["gate, act, up"] = 3 * e * inter
     else:
         parts["activation input"] = (4 if arch.hidden_act in ("gelu_new", "gelu_fast") else 1) * e * inter
@@ -130,7 +160,8 @@ def mlp_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> float:
     """The part of layer_saved_bytes_per_token that the MLP's backward frees before the attention's runs:
     the post-attention norm's input, the MLP's own tensors and its linears' LoRA copies."""
     e, inter = s.compute_bytes, arch.intermediate_size
-    mlp = float((3 if arch.gated_mlp else 1) * e * inter + 4 * arch.hidden_size)
+    kept = (2 if s.fused_gate else 3) if arch.gated_mlp else 1
+    mlp = float(kept * e * inter + norm_input_bytes(s) * arch.hidden_size)
     block = {b.name for b in arch.block_linears}
     for m, layers in s.lora:
         own = lora_input_copy_bytes(s, m)
@@ -144,11 +175,12 @@ def largest_saved_tensor_per_token(arch: Architecture, s: ActivationSetup) -> tu
     layer_saved_bytes_per_token) and how many of them (within 10% of that size) a block keeps: the size
     class whose blocks the caching allocator cannot reuse for a longer batch's (core.planner.allocator)."""
     e, h, inter = s.compute_bytes, arch.hidden_size, arch.intermediate_size
-    sizes = [4.0 * h] * arch.norms_per_layer + [e * arch.num_heads * arch.head_dim]
+    sizes = [float(norm_input_bytes(s) * h)] * arch.norms_per_layer + [e * arch.num_heads * arch.head_dim]
     if s.attn == "eager":
         sizes += [4.0 * arch.num_heads * s.seq_len, e * arch.num_heads * s.seq_len]
+    gated = 2 if s.fused_gate else 3
     sizes += [e * inter] * (
-        3 if arch.gated_mlp else (4 if arch.hidden_act in ("gelu_new", "gelu_fast") else 1)
+        gated if arch.gated_mlp else (4 if arch.hidden_act in ("gelu_new", "gelu_fast") else 1)
     )
     block = {b.name: b for b in arch.block_linears}
     for m, _ in s.lora:

@@ -1,0 +1,137 @@
+"""training.fused: compiled RMSNorms and gated-MLP products train the model as its own modules do, keep for
+backward what the planner says they keep, and replace exactly the modules of the families the planner
+counts as fused. Run on a CPU (inductor's C++ backend); the engine installs them where it trains on CUDA."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.arch import load_architecture
+from core.planner.memory import ActivationSetup, fused_gate, fused_norm, layer_saved_bytes_per_token
+from core.spec import JobSpec
+from training import fused
+from training.model import load_model, skip_adapter_input_casts
+
+CPU = torch.device("cpu")
+pytestmark = pytest.mark.slow  # compiles (seconds; inductor caches them on disk)
+
+
+def spec(**kw) -> JobSpec:
+    return JobSpec(base_model="tiny", dataset_id="testdata01", lora_dropout=0.0, **kw)
+
+
+def _pair(model_dir: Path, s: JobSpec, jit: bool = True) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The model as loaded, and the same model (same LoRA init, lora_B made non-zero) with fused modules
+    (`jit`: compiled)."""
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = load_model(s, model_dir, CPU)
+        torch.manual_seed(1)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.05)
+        models.append(model)
+    # 2 layers x 2 norms + the final norm
+    assert fused.install(models[1], CPU, jit=jit) == {"norms": 5, "mlps": 2}
+    return models[0], models[1]
+
+
+def _step(model: torch.nn.Module, ids: torch.Tensor, autocast: bool = False):
+    """One forward and backward: the loss, the adapter's gradients and the bytes of the distinct storages
+    autograd saved for backward."""
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    model.zero_grad(set_to_none=True)
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        torch.autocast("cpu", torch.bfloat16, enabled=autocast),
+    ):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, sum(saved.values())
+
+
+@pytest.mark.parametrize(("checkpointing", "jit"), [(False, True), (True, True), (False, False)])
+def test_fused_modules_train_as_the_models_own(tiny_model: Path, checkpointing: bool, jit: bool) -> None:
+    """fp32: the same loss and gradients, compiled or not, with layers recomputed or not."""
+    plain, fast = _pair(tiny_model, spec(gradient_checkpointing=checkpointing), jit)
+    for length in (48, 31):  # another length: the same compiled code (dynamic shapes)
+        ids = torch.randint(1, 1000, (2, length))
+        loss, grads, _ = _step(plain, ids)
+        loss_fused, grads_fused, _ = _step(fast, ids)
+        assert abs(loss.item() - loss_fused.item()) <= 1e-6 * loss.item()
+        assert grads.keys() == grads_fused.keys() and len(grads) == 2 * 2 * 7
+        for name, grad in grads.items():
+            error = (grad - grads_fused[name]).norm() / grad.norm()
+            assert error < 1e-5, (name, error.item())
+
+
+def test_what_autograd_keeps_is_what_the_planner_counts(tiny_model: Path) -> None:
+    """bf16 weights under bf16 autocast, as the engine trains on a GPU: each norm keeps its bf16 input
+    instead of an fp32 copy and each MLP no act(gate); the difference is the planner's, byte for byte."""
+    s = spec(torch_dtype="bfloat16", mixed_precision="bf16")
+    plain, fast = _pair(tiny_model, s)
+    for model in (plain, fast):
+        skip_adapter_input_casts(model)
+    ids = torch.randint(1, 1000, (2, 48))
+    loss, _, kept = _step(plain, ids, autocast=True)
+    loss_fused, _, kept_fused = _step(fast, ids, autocast=True)
+    assert abs(loss.item() - loss_fused.item()) < 1e-2 * loss.item()  # bf16: rounded in other places
+
+    arch = load_architecture(tiny_model)
+    setup = ActivationSetup(
+        compute_bytes=2, autocast=True, full=False, lora=(), lora_r=8, lora_dropout=False, attn="sdpa",
+        kv_repeated=False, seq_len=48, residual_bytes=2, lora_input_cast=False,
+    )  # fmt: skip
+    before, _ = layer_saved_bytes_per_token(arch, setup)
+    after, _ = layer_saved_bytes_per_token(arch, replace(setup, fused_norms=True, fused_gate=True))
+    # The planner's final-norm term changes by one norm's (4 - 2) B x hidden too; the first block's input
+    # norm, whose input (the frozen embedding) needs no gradient, is kept by neither: they cancel.
+    assert kept - kept_fused == (before - after) * arch.num_layers * ids.numel() > 0
+
+
+FAMILIES = {  # tiny models of each family core.arch plans: (config class, extra config)
+    "llama": ("LlamaConfig", {}),
+    "mistral": ("MistralConfig", {}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "phi3": ("Phi3Config", {"pad_token_id": 0}),
+    "gemma": ("GemmaConfig", {"head_dim": 16}),
+    "gemma2": ("Gemma2Config", {"head_dim": 16}),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_fused_modules_are_those_the_planner_counts(tmp_path: Path, family: str) -> None:
+    import transformers
+
+    name, extra = FAMILIES[family]
+    config = getattr(transformers, name)(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, **extra,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    arch = load_architecture(tmp_path)
+    counts = fused.install(model, CPU)
+    norms_per_model = 2 * (arch.norms_per_layer + (2 if arch.qk_norm else 0)) + 1
+    assert counts["norms"] == (norms_per_model if fused_norm(arch) else 0), counts
+    assert counts["mlps"] == (2 if fused_gate(arch) else 0), counts
+    if counts["norms"] or counts["mlps"]:
+        ids = torch.randint(1, 128, (1, 9))
+        with torch.no_grad():
+            got = model(input_ids=ids).logits
+        for module in model.modules():  # back to the modules' own forwards
+            module.__dict__.pop("forward", None)
+        with torch.no_grad():
+            assert torch.allclose(got, model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)

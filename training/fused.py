@@ -1,0 +1,227 @@
+"""Each RMSNorm and each gated MLP's act(gate) * up as one autograd function, its forward and backward
+each one compiled kernel (torch.compile: Triton on a GPU).
+
+In eager PyTorch a Llama-style RMSNorm is seven kernels forward (upcast, square, mean, add, rsqrt, two
+multiplies and a downcast, each a pass over [tokens, hidden]) and more backward, and autograd keeps its fp32
+upcast input: 4 bytes a value. A gated MLP's act(gate) * up is two kernels forward, three backward, and
+autograd keeps act(gate) besides gate and up. Here each is an autograd.Function that keeps only its inputs
+(and a norm's fp32 rstd, one per token, as eager's rsqrt does), whatever the compiler fuses: a norm keeps
+its input in its own dtype, an MLP no act(gate) (the planner counts that: Runtime.fused_norm_mlp). Its
+backward is eager autograd's formula written out (the activations' own aten backward kernels).
+
+Installed as instance forwards, and only where they compute what the module computed: a norm whose output
+on a probe equals rms_norm's bit for bit (the same formula, not Gemma's 1 + weight), an MLP whose forward
+is Llama's `down_proj(act_fn(gate_proj(x)) * up_proj(x))` with an activation known here. Compiled where
+torch.compile works on the device (tried once per process); eager otherwise, keeping the same tensors.
+The engine installs them where it trains on CUDA (training.recipe): compiling costs seconds per process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from types import MethodType
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+
+# -- the math, forward and backward (pure functions of tensors: what torch.compile fuses) --------------
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm.forward, as a function."""
+    return rms_norm_forward(x, weight, eps)[0]
+
+
+def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The norm and its fp32 rstd (1 / root mean square, one per row)."""
+    h = x.to(torch.float32)
+    rstd = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * (h * rstd).to(x.dtype), rstd
+
+
+def rms_norm_input_grad(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor
+) -> torch.Tensor:
+    """d loss / d x, as autograd derives it from rms_norm_forward's ops."""
+    g = (grad * weight).to(torch.float32)
+    h = x.to(torch.float32)
+    dot = (g * h).sum(-1, keepdim=True)
+    return (g * rstd - h * (dot * rstd.pow(3) / h.shape[-1])).to(x.dtype)
+
+
+def rms_norm_weight_grad(grad: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    return (grad * (x.to(torch.float32) * rstd).to(x.dtype)).flatten(0, -2).sum(0)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def silu_gate(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def silu_gate_grads(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return aten.silu_backward(grad * up, gate), grad * F.silu(gate)
+
+
+def gelu_tanh_gate(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return gelu_tanh(gate) * up
+
+
+def gelu_tanh_gate_grads(
+    grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    return aten.gelu_backward(grad * up, gate, approximate="tanh"), grad * gelu_tanh(gate)
+
+
+Gate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+GateGrads = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
+# transformers' activation classes (ACT2FN) by name: the function each computes, its gate and gradients
+GATES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Gate, GateGrads]] = {
+    "SiLUActivation": (F.silu, silu_gate, silu_gate_grads),
+    "SiLU": (F.silu, silu_gate, silu_gate_grads),
+    "GELUTanh": (gelu_tanh, gelu_tanh_gate, gelu_tanh_gate_grads),
+    "PytorchGELUTanh": (gelu_tanh, gelu_tanh_gate, gelu_tanh_gate_grads),
+}
+
+
+# -- compiling ------------------------------------------------------------------------------------------
+_compiled: dict[Callable[..., Any], Callable[..., Any]] = {}
+_compiles: dict[torch.device, bool] = {}
+
+
+def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """One compiled function per Python function, for every module and shape (dynamic shapes: a batch of
+    another length does not compile again)."""
+    if fn not in _compiled:
+        _compiled[fn] = torch.compile(fn, dynamic=True, fullgraph=True)
+    return _compiled[fn]
+
+
+def compiles(device: torch.device) -> bool:
+    """Whether torch.compile works on `device` (a compiler, Triton on a GPU), tried once per process on a
+    small norm forward and backward; a failure is logged and the functions then run eagerly."""
+    if device not in _compiles:
+        try:
+            x, w = torch.randn(4, 8, device=device), torch.ones(8, device=device)
+            y, rstd = compiled(rms_norm_forward)(x, w, 1e-6)
+            compiled(rms_norm_input_grad)(y, x, w, rstd)
+            _compiles[device] = True
+        except Exception:  # inductor's errors share no base class: any failure means eager
+            log.exception("torch.compile fails on %s: the fused norms and gates run eagerly", device)
+            _compiles[device] = False
+    return _compiles[device]
+
+
+# -- the autograd functions -----------------------------------------------------------------------------
+class FusedRMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float, jit: bool) -> torch.Tensor:
+        y, rstd = (compiled(rms_norm_forward) if jit else rms_norm_forward)(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.jit = jit
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight, rstd = ctx.saved_tensors
+        input_grad, weight_grad = rms_norm_input_grad, rms_norm_weight_grad
+        if ctx.jit:
+            input_grad, weight_grad = compiled(input_grad), compiled(weight_grad)
+        gx = input_grad(grad, x, weight, rstd) if ctx.needs_input_grad[0] else None
+        gw = weight_grad(grad, x, rstd) if ctx.needs_input_grad[1] else None
+        return gx, gw, None, None
+
+
+class FusedGate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor, kind: str, jit: bool) -> torch.Tensor:
+        _, fn, _ = GATES[kind]
+        ctx.save_for_backward(gate, up)
+        ctx.kind, ctx.jit = kind, jit
+        return (compiled(fn) if jit else fn)(gate, up)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        gate, up = ctx.saved_tensors
+        _, _, grads = GATES[ctx.kind]
+        g_gate, g_up = (compiled(grads) if ctx.jit else grads)(grad, gate, up)
+        return g_gate, g_up, None, None
+
+
+# -- installing -----------------------------------------------------------------------------------------
+def install(model: torch.nn.Module, device: torch.device, jit: bool | None = None) -> dict[str, int]:
+    """The fused forwards on the norms and gated MLPs of `model` that compute what they did; returns how
+    many of each. `jit`: compile them (default: where torch.compile works on `device`)."""
+    jit = compiles(device) if jit is None else jit
+    counts = {"norms": 0, "mlps": 0}
+    norm_ok: dict[type, bool] = {}
+    for module in model.modules():
+        if _is_rms_norm(module, norm_ok):
+            module.forward = MethodType(_norm_forward(jit), module)
+            counts["norms"] += 1
+        elif (kind := gate_kind(module)) is not None:
+            module.forward = MethodType(_mlp_forward(kind, jit), module)
+            counts["mlps"] += 1
+    return counts
+
+
+def _norm_forward(jit: bool) -> Callable[[Any, torch.Tensor], torch.Tensor]:
+    def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+        return FusedRMSNorm.apply(x, self.weight, self.variance_epsilon, jit)
+
+    return forward
+
+
+def _mlp_forward(kind: str, jit: bool) -> Callable[[Any, torch.Tensor], torch.Tensor]:
+    def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(FusedGate.apply(self.gate_proj(x), self.up_proj(x), kind, jit))
+
+    return forward
+
+
+def _is_rms_norm(module: torch.nn.Module, checked: dict[type, bool]) -> bool:
+    """An RMSNorm of the Llama formula: decided once per class, on a probe, bit for bit."""
+    cls, eps, weight = (
+        type(module),
+        getattr(module, "variance_epsilon", None),
+        getattr(module, "weight", None),
+    )
+    if not cls.__name__.endswith("RMSNorm") or not isinstance(eps, float):
+        return False
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
+        return False
+    if cls not in checked:
+        probe = torch.randn(3, weight.shape[0], generator=torch.Generator().manual_seed(0))
+        probe = (probe * 4).to(device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            checked[cls] = torch.equal(module(probe), rms_norm(probe, weight, eps))
+    return checked[cls]
+
+
+def _llama_mlp_code() -> Any:
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    return LlamaMLP.forward.__code__
+
+
+def gate_kind(module: torch.nn.Module) -> str | None:
+    """The activation (a GATES key) of a gated MLP whose forward is Llama's (the same bytecode:
+    transformers copies it into Mistral's, Qwen's, Gemma's ...) and whose activation computes the function
+    known for it (checked on a probe, bit for bit); else None."""
+    code = getattr(getattr(type(module), "forward", None), "__code__", None)
+    if code is None or not all(hasattr(module, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        return None
+    llama = _llama_mlp_code()
+    kind = type(getattr(module, "act_fn")).__name__  # noqa: B009  a module, for mypy
+    if kind not in GATES or (code.co_code, code.co_names) != (llama.co_code, llama.co_names):
+        return None
+    probe = torch.linspace(-6, 6, 97)
+    with torch.no_grad():
+        same = torch.equal(getattr(module, "act_fn")(probe), GATES[kind][0](probe))  # noqa: B009
+    return kind if same else None
