@@ -223,7 +223,7 @@ def build(spec: Any, layers: int, fake: Any) -> Any:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from training import dropout, lora_add
+    from training import dropout, fused, lora_add
     from training.demo import DemoSize
     from training.model import enable_checkpointing, skip_adapter_input_casts
 
@@ -284,6 +284,10 @@ def build(spec: Any, layers: int, fake: Any) -> Any:
         task_type="CAUSAL_LM",
     )
     model = get_peft_model(model, lora)
+    # the compiled norms and gates the recipe installs on a GPU, run eagerly here (the same saved tensors);
+    # the class check first on a real norm (meta and fake tensors have no values to compare)
+    fused.install(type(model.base_model.model.model.norm)(8), torch.device("cpu"), jit=False)
+    assert fused.install(model, torch.device("cpu"), jit=False)["mlps"] == layers
     dropout.install(model)
     skip_adapter_input_casts(model)  # as training.recipe does under autocast on a GPU
     lora_add.install(model)  # as training.model.load_model does

@@ -100,7 +100,7 @@ def peak_phases(model_dir: Path, data: Path, micro: int, generations: int) -> di
     device = torch.device("cuda")
     tokenizer = model_lib.load_tokenizer(model_dir)
     net = model_lib.load_model(spec, model_dir, device)
-    model_lib.skip_adapter_input_casts(net)  # as training.recipe does under autocast on a GPU
+    model_lib.use_cuda_paths(net, device, autocast=True)  # as training.recipe does
     items, _, _ = load_for_training(data, tokenizer, spec, None)
     gib = 2**30
     out: dict[str, Any] = {"dtype": str(next(net.parameters()).dtype)}

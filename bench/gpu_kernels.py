@@ -128,14 +128,14 @@ def syncs(device) -> None:
     from training.data import Tokenized
     from training.demo import DemoSize, build_demo_model
     from training.loss import token_losses
-    from training.model import load_model, skip_adapter_input_casts
+    from training.model import load_model, use_cuda_paths
     from training.packing import collate_packed
 
     model_dir = build_demo_model(Path(tempfile.mkdtemp()), name="sync-check", size=DemoSize())
     spec = JobSpec(base_model="sync-check", dataset_id="synccheck1", packing=True, torch_dtype="bfloat16",
                    lora_dropout=0.0)  # fmt: skip
     model = load_model(spec, model_dir, device)
-    skip_adapter_input_casts(model)  # as training.recipe does under autocast on a GPU
+    use_cuda_paths(model, device, autocast=True)  # as training.recipe does
     items = [Tokenized(list(range(3, 3 + n)), list(range(3, 3 + n))) for n in (50, 200, 17, 400)]
     batch = collate_packed(items)
 

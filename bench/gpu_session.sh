@@ -9,7 +9,8 @@
 #    trl, datasets, dill, multiprocess, bitsandbytes; downloaded beforehand, nothing is fetched here)
 #    into /tmp/site, ahead of the machine's packages on PYTHONPATH;
 # 2. prints nvidia-smi and the versions of what will run;
-# 3. bench/gpu_kernels.py (packed attention's kernel, the chunked loss head, host syncs), under a timeout;
+# 3. bench/gpu_kernels.py (packed attention's kernel, the chunked loss head, host syncs), under a timeout,
+#    then bench/fused_ops.py (compiled norm and gate against the modules' eager ones);
 # 4. bench/gpu_check.py --steps 8 (the planner against the engine), under a timeout;
 # 5. bench/gpu_vs_trl.py (ftune against TRL's SFTTrainer), under a timeout, reusing gpu_check's model;
 #    CKPT=1 adds a second pass with gradient checkpointing on, if time is left;
@@ -75,6 +76,10 @@ EOF
     echo "== bench/gpu_kernels.py (timeout ${t}s) at ${SECONDS}s"
     timeout -k 10 "$t" python3 bench/gpu_kernels.py
     echo "gpu_kernels exit $? at ${SECONDS}s"
+    t=$(part_timeout 60 400)
+    echo "== bench/fused_ops.py (timeout ${t}s) at ${SECONDS}s"
+    timeout -k 10 "$t" python3 bench/fused_ops.py
+    echo "fused_ops exit $? at ${SECONDS}s"
   fi
 
   t=$(part_timeout 200 "${VS_RESERVE:-240}")

@@ -160,9 +160,8 @@ def install(model: torch.nn.Module, device: torch.device, jit: bool | None = Non
     many of each. `jit`: compile them (default: where torch.compile works on `device`)."""
     jit = compiles(device) if jit is None else jit
     counts = {"norms": 0, "mlps": 0}
-    norm_ok: dict[type, bool] = {}
     for module in model.modules():
-        if _is_rms_norm(module, norm_ok):
+        if _is_rms_norm(module):
             module.forward = MethodType(_norm_forward(jit), module)
             counts["norms"] += 1
         elif (kind := gate_kind(module)) is not None:
@@ -185,8 +184,12 @@ def _mlp_forward(kind: str, jit: bool) -> Callable[[Any, torch.Tensor], torch.Te
     return forward
 
 
-def _is_rms_norm(module: torch.nn.Module, checked: dict[type, bool]) -> bool:
-    """An RMSNorm of the Llama formula: decided once per class, on a probe, bit for bit."""
+_norm_classes: dict[type, bool] = {}  # whether a class computes rms_norm: once per process
+
+
+def _is_rms_norm(module: torch.nn.Module) -> bool:
+    """An RMSNorm of the Llama formula: decided once per class, on a probe (of the first module's device
+    and dtype; it needs real values), bit for bit."""
     cls, eps, weight = (
         type(module),
         getattr(module, "variance_epsilon", None),
@@ -196,12 +199,12 @@ def _is_rms_norm(module: torch.nn.Module, checked: dict[type, bool]) -> bool:
         return False
     if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
         return False
-    if cls not in checked:
+    if cls not in _norm_classes:
         probe = torch.randn(3, weight.shape[0], generator=torch.Generator().manual_seed(0))
         probe = (probe * 4).to(device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
-            checked[cls] = torch.equal(module(probe), rms_norm(probe, weight, eps))
-    return checked[cls]
+            _norm_classes[cls] = torch.equal(module(probe), rms_norm(probe, weight, eps))
+    return _norm_classes[cls]
 
 
 def _llama_mlp_code() -> Any:

@@ -190,6 +190,18 @@ def skip_adapter_input_casts(model) -> int:
     return len(layers)
 
 
+def use_cuda_paths(model, device: torch.device, autocast: bool) -> str:
+    """What the engine turns on where it trains on CUDA (and the planner counts there): peft's LoRA input
+    casts off under autocast (skip_adapter_input_casts), compiled norms and gated MLPs (training.fused).
+    Returns what it did, for the log; nothing on another device."""
+    if device.type != "cuda":
+        return "none (not CUDA)"
+    from training import fused
+
+    casts = skip_adapter_input_casts(model) if autocast else 0
+    return f"LoRA input casts off on {casts} layers; fused {fused.install(model, device)}"
+
+
 def read_trained_adapter(path: Path):
     """(LoraConfig, peft-named weights) of an adapter to continue from: a job's final adapter (peft's
     adapter_config.json + adapter_model.safetensors), or one of its checkpoints (spec.init_from_step:

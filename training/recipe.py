@@ -43,7 +43,6 @@ from training import (
     distributed,
     evaluate,
     export,
-    fused,
     memory,
     metrics,
     model,
@@ -131,10 +130,7 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
     on = torch.device("cpu") if sharded and spec.method == "lora" else device
     init = Path(config.init_adapter_dir) if config.init_adapter_dir else None  # spec.init_from's adapter
     net = model.load_model(spec, Path(config.model_dir), on, init_adapter=init)
-    if precision.dtype is not None and device.type == "cuda":
-        model.skip_adapter_input_casts(net)
-    if device.type == "cuda":  # compiled norms and gates; the planner counts them on a GPU (training.fused)
-        log.info("fused norms and gated MLPs: %s", fused.install(net, device))
+    log.info("CUDA paths: %s", model.use_cuda_paths(net, device, autocast=precision.dtype is not None))
     if sharded:
         distributed.shard(net, device)
         log.info("FSDP over %d processes", distributed.world_size())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import replace
 
 import pytest
 
@@ -145,7 +146,8 @@ def test_checkpointed_layers_keep_their_input_in_the_residual_streams_dtype() ->
         plan = estimate(
             spec(method=method, gradient_checkpointing=True, max_seq_len=1024), fp32, gpu, suggest=False
         )
-        assert term(plan, "activations") == fp32.num_layers * res_b * h * tokens + 4 * h * tokens
+        # + the final norm's input: as it is, the engine's norms being compiled on a GPU (training.fused)
+        assert term(plan, "activations") == fp32.num_layers * res_b * h * tokens + res_b * h * tokens
     job = spec(method="lora", gradient_checkpointing=True, max_seq_len=1024)
     peft_cast = estimate(job, fp32, gpu, suggest=False, runtime=Runtime(fused_loss=True))
     working = next(t for t in peft_cast.breakdown if t.name == "backward working buffers")
@@ -346,9 +348,7 @@ def test_packed_attention_without_grouped_kv_keeps_k_and_v_per_query_head() -> N
     arch, gpu = from_config(LLAMA3_8B), resolve_gpu("H100")
     job = spec(method="lora", max_seq_len=1024, packing=True, gradient_checkpointing=False)
     repeated = estimate(job, arch, gpu, suggest=False)
-    grouped = estimate(
-        job, arch, gpu, suggest=False, runtime=Runtime(fused_loss=True, expandable_segments=True)
-    )
+    grouped = estimate(job, arch, gpu, suggest=False, runtime=replace(FTUNE, varlen_gqa=True))
     kv = arch.num_kv_heads * arch.head_dim
     extra = arch.num_layers * 4 * 1024 * 2 * 2 * (arch.num_heads * arch.head_dim - kv)
     assert term(repeated, "activations") - term(grouped, "activations") == extra

@@ -1,0 +1,112 @@
+"""training.fused against the modules it replaces, one layer's worth at bench/gpu_check.py's 1.1B shape:
+a Llama RMSNorm over [tokens, 2048] and a SwiGLU product over [tokens, 5632], forward + backward, bf16
+(the engine's compute dtype on a GPU), on CUDA when there is one, else on this CPU.
+
+    python bench/fused_ops.py [--tokens 8192] [--repeat 10]
+
+Prints, side by side: the modules' eager time, the fused functions' (compiled; and eager, which keeps the
+same tensors), their largest difference from the eager result (output and input gradients), and the bytes
+of the new tensors autograd keeps for backward (beyond the inputs themselves).
+The first call of each compiled function (compiling) is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from gpu_check import SHAPE  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
+
+from training import fused  # noqa: E402
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run(fn: Callable[[], torch.Tensor], inputs: list[torch.Tensor], repeat: int, device: torch.device):
+    """Time of forward + backward (ms), the output, the input gradients, the bytes autograd kept."""
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    def once() -> torch.Tensor:
+        for t in inputs:
+            t.grad = None
+        out = fn()
+        out.backward(torch.ones_like(out))
+        return out
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    inputs_bytes = {t.untyped_storage().data_ptr() for t in inputs}
+    saved = sum(b for ptr, b in kept.items() if ptr not in inputs_bytes)  # new tensors only
+    once()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(repeat):
+        out = once()
+    sync(device)
+    ms = (time.perf_counter() - start) / repeat * 1000
+    return ms, out.detach(), [t.grad.clone() for t in inputs], saved, sum(kept.values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tokens", type=int, default=0, help="default: 8192 on CUDA, 2048 on a CPU")
+    parser.add_argument("--repeat", type=int, default=10)
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokens = args.tokens or (8192 if device.type == "cuda" else 2048)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"device: {name}; torch {torch.__version__}; torch.compile works: {fused.compiles(device)}")
+    torch.manual_seed(0)
+    dt = torch.bfloat16
+    h, inter = SHAPE["hidden_size"], SHAPE["intermediate_size"]
+    x = torch.randn(tokens, h, device=device, dtype=dt, requires_grad=True)
+    norm = LlamaRMSNorm(h, eps=1e-5).to(device=device, dtype=dt).requires_grad_(False)
+    gate, up = (torch.randn(tokens, inter, device=device, dtype=dt, requires_grad=True) for _ in "gu")
+    cases = {
+        "RMSNorm": (
+            [x],
+            lambda: norm(x),
+            lambda: fused.FusedRMSNorm.apply(x, norm.weight, norm.variance_epsilon, True),
+            lambda: fused.FusedRMSNorm.apply(x, norm.weight, norm.variance_epsilon, False),
+        ),
+        "silu(gate) * up": (
+            [gate, up],
+            lambda: torch.nn.functional.silu(gate) * up,
+            lambda: fused.FusedGate.apply(gate, up, "SiLU", True),
+            lambda: fused.FusedGate.apply(gate, up, "SiLU", False),
+        ),
+    }
+    print(f"{tokens} tokens, bf16, forward + backward, {args.repeat} repeats")
+    print(f"{'op':18} {'eager ms':>9} {'fused ms':>9} {'speed-up':>8} {'fused eager ms':>14} "
+          f"{'max |diff|':>10} {'new tensors kept: eager':>24} {'fused':>9}")  # fmt: skip
+    for op, (inputs, eager, compiled, uncompiled) in cases.items():
+        e_ms, e_out, e_grads, e_kept, _ = run(eager, inputs, args.repeat, device)
+        f_ms, f_out, f_grads, f_kept, _ = run(compiled, inputs, args.repeat, device)
+        u_ms, *_ = run(uncompiled, inputs, args.repeat, device)
+        pairs = zip([e_out, *e_grads], [f_out, *f_grads], strict=True)
+        diff = max((a.float() - b.float()).abs().max().item() for a, b in pairs)
+        print(
+            f"{op:18} {e_ms:9.2f} {f_ms:9.2f} {e_ms / f_ms:7.2f}x {u_ms:14.2f} {diff:10.3g} "
+            f"{e_kept / 2**20:20.1f} MiB {f_kept / 2**20:5.1f} MiB"
+        )
+
+
+if __name__ == "__main__":
+    main()
