@@ -92,7 +92,7 @@ GATES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Gate, GateGrads]]
 
 # -- compiling ------------------------------------------------------------------------------------------
 _compiled: dict[Callable[..., Any], Callable[..., Any]] = {}
-_compiles: dict[torch.device, bool] = {}
+_compiles: dict[tuple[torch.device, Callable[..., Any]], bool] = {}
 
 
 def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -103,19 +103,29 @@ def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
     return _compiled[fn]
 
 
-def compiles(device: torch.device) -> bool:
-    """Whether torch.compile works on `device` (a compiler, Triton on a GPU), tried once per process on a
-    small norm forward and backward; a failure is logged and the functions then run eagerly."""
-    if device not in _compiles:
-        try:
-            x, w = torch.randn(4, 8, device=device), torch.ones(8, device=device)
-            y, rstd = compiled(rms_norm_forward)(x, w, 1e-6)
-            compiled(rms_norm_input_grad)(y, x, w, rstd)
-            _compiles[device] = True
-        except Exception:  # inductor's errors share no base class: any failure means eager
-            log.exception("torch.compile fails on %s: the fused norms and gates run eagerly", device)
-            _compiles[device] = False
-    return _compiles[device]
+def compiles(device: torch.device, kinds: set[str] | frozenset[str] = frozenset(GATES)) -> bool:
+    """Whether torch.compile works on `device` (a compiler, Triton on a GPU) for the norm's functions and
+    those of the gates of `kinds`, each tried once per process on small tensors; a failure is logged, and
+    the functions then run eagerly."""
+    x, w = torch.randn(4, 8, device=device), torch.ones(8, device=device)
+    rstd = torch.ones(4, 1, device=device)
+    calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = [
+        (rms_norm_forward, (x, w, 1e-6)),
+        (rms_norm_input_grad, (x, x, w, rstd)),
+        (rms_norm_weight_grad, (x, x, rstd)),
+    ]
+    for kind in sorted(kinds):
+        _, gate, grads = GATES[kind]
+        calls += [(gate, (x, x)), (grads, (x, x, x))]
+    for fn, args in calls:
+        if (device, fn) not in _compiles:
+            try:
+                compiled(fn)(*args)
+                _compiles[device, fn] = True
+            except Exception:  # inductor's errors share no base class: any failure means eager
+                log.exception("torch.compile fails on %s: the fused norms and gates run eagerly", device)
+                _compiles[device, fn] = False
+    return all(_compiles[device, fn] for fn, _ in calls)
 
 
 # -- the autograd functions -----------------------------------------------------------------------------
@@ -158,16 +168,15 @@ class FusedGate(torch.autograd.Function):
 def install(model: torch.nn.Module, device: torch.device, jit: bool | None = None) -> dict[str, int]:
     """The fused forwards on the norms and gated MLPs of `model` that compute what they did; returns how
     many of each. `jit`: compile them (default: where torch.compile works on `device`)."""
-    jit = compiles(device) if jit is None else jit
-    counts = {"norms": 0, "mlps": 0}
-    for module in model.modules():
-        if _is_rms_norm(module):
-            module.forward = MethodType(_norm_forward(jit), module)
-            counts["norms"] += 1
-        elif (kind := gate_kind(module)) is not None:
-            module.forward = MethodType(_mlp_forward(kind, jit), module)
-            counts["mlps"] += 1
-    return counts
+    norms = [m for m in model.modules() if _is_rms_norm(m)]
+    mlps = [(m, kind) for m in model.modules() if (kind := gate_kind(m)) is not None]
+    if jit is None:
+        jit = compiles(device, {kind for _, kind in mlps})
+    for norm in norms:
+        norm.forward = MethodType(_norm_forward(jit), norm)
+    for mlp, kind in mlps:
+        mlp.forward = MethodType(_mlp_forward(kind, jit), mlp)
+    return {"norms": len(norms), "mlps": len(mlps)}
 
 
 def _norm_forward(jit: bool) -> Callable[[Any, torch.Tensor], torch.Tensor]:

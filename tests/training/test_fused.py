@@ -24,9 +24,9 @@ def spec(**kw) -> JobSpec:
     return JobSpec(base_model="tiny", dataset_id="testdata01", lora_dropout=0.0, **kw)
 
 
-def _pair(model_dir: Path, s: JobSpec, jit: bool = True) -> tuple[torch.nn.Module, torch.nn.Module]:
+def _pair(model_dir: Path, s: JobSpec, jit: bool | None = True) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The model as loaded, and the same model (same LoRA init, lora_B made non-zero) with fused modules
-    (`jit`: compiled)."""
+    (`jit`: compiled; None: where torch.compile works)."""
     models = []
     for _ in range(2):
         torch.manual_seed(0)
@@ -135,3 +135,28 @@ def test_the_fused_modules_are_those_the_planner_counts(tmp_path: Path, family: 
             module.__dict__.pop("forward", None)
         with torch.no_grad():
             assert torch.allclose(got, model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_where_torch_compile_fails_the_same_functions_run_eagerly(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A device without a working compiler (no Triton, no C++ compiler): logged once per function, and the
+    autograd functions run eagerly, keeping the tensors the planner counts."""
+
+    def broken(fn):  # what torch.compile's first call raises there
+        def call(*args):
+            raise RuntimeError("no compiler")
+
+        return call
+
+    monkeypatch.setattr(fused, "compiled", broken)
+    monkeypatch.setattr(fused, "_compiles", {})
+    assert not fused.compiles(CPU, {"SiLU"})
+    assert caplog.text.count("torch.compile fails") == 5  # the norm's 3 functions, the gate's 2
+    plain, fast = _pair(tiny_model, spec(), jit=None)  # left to the check: eager
+    ids = torch.randint(1, 1000, (2, 40))
+    loss, grads, _ = _step(plain, ids)
+    loss_fused, grads_fused, _ = _step(fast, ids)
+    assert abs(loss.item() - loss_fused.item()) <= 1e-6 * loss.item()
+    for name, grad in grads.items():
+        assert ((grad - grads_fused[name]).norm() / grad.norm()).item() < 1e-5, name
