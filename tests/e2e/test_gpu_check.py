@@ -42,3 +42,20 @@ def test_the_model_it_builds_is_llama_shaped_with_about_a_billion_parameters(tmp
     spec = JobSpec(base_model="gpu-check-1b", dataset_id="gpucheck01")
     plan = plan_on(spec, load_architecture(tmp_path), resolve_gpu("A100-80GB"))
     assert 0.9e9 < plan.total_params < 1.2e9, plan.total_params
+
+
+def test_the_fused_ops_bench_runs_on_a_cpu_and_prints_both_sides() -> None:
+    """bench/fused_ops.py as the GPU session runs it, on this CPU with few tokens: a row per op, the eager
+    and the fused time side by side, and no new tensor kept by the fused ones."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "fused_ops.py"), "--tokens", "64", "--repeat", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "torch.compile works: True" in done.stdout
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith(("RMSNorm", "silu"))]
+    assert len(rows) == 2, done.stdout
+    for row in rows:
+        assert row[-2:] == ["0.0", "MiB"] and float(row[-4]) > 0, row  # eager keeps new tensors, fused none
