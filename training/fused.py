@@ -97,9 +97,20 @@ _compiles: dict[tuple[torch.device, Callable[..., Any]], bool] = {}
 
 def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
     """One compiled function per Python function, for every module and shape (dynamic shapes: a batch of
-    another length does not compile again)."""
+    another length does not compile again), always called without grad and autocast: dynamo compiles
+    again for each such global state, and these elementwise ops cast for themselves (autocast changes
+    none of them). Past torch's recompile limit (a dtype, a size-1 dimension each add one) a call runs
+    eagerly, keeping the same tensors."""
     if fn not in _compiled:
-        _compiled[fn] = torch.compile(fn, dynamic=True, fullgraph=True)
+        jitted = torch.compile(fn, dynamic=True)
+
+        def call(*args: Any) -> Any:
+            # plain tensors (not Parameters, no requires_grad): dynamo guards on both
+            plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+            with torch.no_grad(), torch.autocast(plain[0].device.type, enabled=False):
+                return jitted(*plain)
+
+        _compiled[fn] = call
     return _compiled[fn]
 
 
@@ -107,35 +118,47 @@ def compiles(device: torch.device, kinds: set[str] | frozenset[str] = frozenset(
     """Whether torch.compile works on `device` (a compiler, Triton on a GPU) for the norm's functions and
     those of the gates of `kinds`, each tried once per process on small tensors; a failure is logged, and
     the functions then run eagerly."""
-    x, w = torch.randn(4, 8, device=device), torch.ones(8, device=device)
-    rstd = torch.ones(4, 1, device=device)
-    calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = [
-        (rms_norm_forward, (x, w, 1e-6)),
-        (rms_norm_input_grad, (x, x, w, rstd)),
-        (rms_norm_weight_grad, (x, x, rstd)),
-    ]
-    for kind in sorted(kinds):
-        _, gate, grads = GATES[kind]
-        calls += [(gate, (x, x)), (grads, (x, x, x))]
-    for fn, args in calls:
+    fns: list[Callable[..., Any]] = [rms_norm_forward, rms_norm_input_grad, rms_norm_weight_grad]
+    fns += [fn for kind in sorted(kinds) for fn in GATES[kind][1:]]
+    for fn in fns:
         if (device, fn) not in _compiles:
             try:
-                compiled(fn)(*args)
+                for dtype in (torch.float32, torch.bfloat16):  # weights' and autocast's: each compiles once
+                    x, rstd = torch.randn(4, 8, device=device, dtype=dtype), torch.ones(4, 1, device=device)
+                    compiled(fn)(*_sample_args(fn, x, rstd))
                 _compiles[device, fn] = True
             except Exception:  # inductor's errors share no base class: any failure means eager
                 log.exception("torch.compile fails on %s: the fused norms and gates run eagerly", device)
                 _compiles[device, fn] = False
-    return all(_compiles[device, fn] for fn, _ in calls)
+    return all(_compiles[device, fn] for fn in fns)
+
+
+def _sample_args(fn: Callable[..., Any], x: torch.Tensor, rstd: torch.Tensor) -> tuple[Any, ...]:
+    """Distinct tensors, as a real call passes (dynamo guards on arguments that alias)."""
+    w, other = x[0].clone(), x.clone()
+    by_fn: dict[Callable[..., Any], tuple[Any, ...]] = {
+        rms_norm_forward: (x, w, 1e-5),
+        rms_norm_input_grad: (other, x, w, rstd),
+        rms_norm_weight_grad: (other, x, rstd),
+    }
+    gate = (x, other) if fn.__code__.co_argcount == 2 else (x.clone(), x, other)  # (gate, up), (grad, ...)
+    return by_fn.get(fn, gate)
 
 
 # -- the autograd functions -----------------------------------------------------------------------------
+# Each sees its tensors as [tokens, features] (views): every batch shape is then one compiled graph (torch
+# specializes dimensions of size 1, which a [1, tokens, features] packed row would make another).
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
 class FusedRMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float, jit: bool) -> torch.Tensor:
-        y, rstd = (compiled(rms_norm_forward) if jit else rms_norm_forward)(x, weight, eps)
+        y, rstd = (compiled(rms_norm_forward) if jit else rms_norm_forward)(_rows(x), weight, eps)
         ctx.save_for_backward(x, weight, rstd)
         ctx.jit = jit
-        return y
+        return y.view(x.shape)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -143,8 +166,9 @@ class FusedRMSNorm(torch.autograd.Function):
         input_grad, weight_grad = rms_norm_input_grad, rms_norm_weight_grad
         if ctx.jit:
             input_grad, weight_grad = compiled(input_grad), compiled(weight_grad)
-        gx = input_grad(grad, x, weight, rstd) if ctx.needs_input_grad[0] else None
-        gw = weight_grad(grad, x, rstd) if ctx.needs_input_grad[1] else None
+        rows, x_rows = _rows(grad), _rows(x)
+        gx = input_grad(rows, x_rows, weight, rstd).view(x.shape) if ctx.needs_input_grad[0] else None
+        gw = weight_grad(rows, x_rows, rstd) if ctx.needs_input_grad[1] else None
         return gx, gw, None, None
 
 
@@ -154,14 +178,14 @@ class FusedGate(torch.autograd.Function):
         _, fn, _ = GATES[kind]
         ctx.save_for_backward(gate, up)
         ctx.kind, ctx.jit = kind, jit
-        return (compiled(fn) if jit else fn)(gate, up)
+        return (compiled(fn) if jit else fn)(_rows(gate), _rows(up)).view(gate.shape)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         gate, up = ctx.saved_tensors
         _, _, grads = GATES[ctx.kind]
-        g_gate, g_up = (compiled(grads) if ctx.jit else grads)(grad, gate, up)
-        return g_gate, g_up, None, None
+        g_gate, g_up = (compiled(grads) if ctx.jit else grads)(_rows(grad), _rows(gate), _rows(up))
+        return g_gate.view(gate.shape), g_up.view(up.shape), None, None
 
 
 # -- installing -----------------------------------------------------------------------------------------

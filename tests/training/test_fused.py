@@ -76,10 +76,14 @@ def test_fused_modules_train_as_the_models_own(tiny_model: Path, checkpointing: 
             assert error < 1e-5, (name, error.item())
 
 
-def test_what_autograd_keeps_is_what_the_planner_counts(tiny_model: Path) -> None:
-    """bf16 weights under bf16 autocast, as the engine trains on a GPU: each norm keeps its bf16 input
-    instead of an fp32 copy and each MLP no act(gate); the difference is the planner's, byte for byte."""
-    s = spec(torch_dtype="bfloat16", mixed_precision="bf16")
+@pytest.mark.parametrize(("stored", "residual_bytes"), [("bfloat16", 2), ("float32", 4)])
+def test_what_autograd_keeps_is_what_the_planner_counts(
+    tiny_model: Path, stored: str, residual_bytes: int
+) -> None:
+    """Under bf16 autocast, as the engine trains on a GPU: with bf16 weights each norm keeps its bf16 input
+    instead of an fp32 copy (with fp32 weights the residual stream is fp32: the same bytes) and each MLP
+    no act(gate); the difference is the planner's, byte for byte."""
+    s = spec(torch_dtype=stored, mixed_precision="bf16")
     plain, fast = _pair(tiny_model, s)
     for model in (plain, fast):
         skip_adapter_input_casts(model)
@@ -91,7 +95,7 @@ def test_what_autograd_keeps_is_what_the_planner_counts(tiny_model: Path) -> Non
     arch = load_architecture(tiny_model)
     setup = ActivationSetup(
         compute_bytes=2, autocast=True, full=False, lora=(), lora_r=8, lora_dropout=False, attn="sdpa",
-        kv_repeated=False, seq_len=48, residual_bytes=2, lora_input_cast=False,
+        kv_repeated=False, seq_len=48, residual_bytes=residual_bytes, lora_input_cast=False,
     )  # fmt: skip
     before, _ = layer_saved_bytes_per_token(arch, setup)
     after, _ = layer_saved_bytes_per_token(arch, replace(setup, fused_norms=True, fused_gate=True))
