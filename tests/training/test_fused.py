@@ -164,3 +164,19 @@ def test_where_torch_compile_fails_the_same_functions_run_eagerly(
     assert abs(loss.item() - loss_fused.item()) <= 1e-6 * loss.item()
     for name, grad in grads.items():
         assert ((grad - grads_fused[name]).norm() / grad.norm()).item() < 1e-5, name
+
+
+def test_other_lengths_and_evaluation_compile_nothing_more(tiny_model: Path) -> None:
+    """Once a step has run, steps of other lengths and batch sizes and a no-grad evaluation reuse the
+    compiled graphs: dynamo compiles again for each grad or autocast state, Parameter, requires_grad, alias
+    and size-1 dimension unless the calls hide them (past 8 a function would run eagerly)."""
+    from torch._dynamo.utils import counters
+
+    _, fast = _pair(tiny_model, spec())
+    _step(fast, torch.randint(1, 1000, (2, 48)), autocast=True)
+    graphs = counters["stats"]["unique_graphs"]
+    for shape in ((2, 31), (1, 17), (3, 9)):
+        _step(fast, torch.randint(1, 1000, shape), autocast=True)
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        fast(input_ids=torch.randint(1, 1000, (4, 12)))
+    assert counters["stats"]["unique_graphs"] == graphs
