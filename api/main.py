@@ -7,6 +7,7 @@ in the lifespan, and the engine is disposed on shutdown.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -32,7 +33,9 @@ from api.routes import (
     webhooks,
     workers,
 )
+from core.secretbox import SecretBox
 from core.settings import Settings, get_settings
+from models import webhooks as webhooks_db
 from models.db import session_scope
 from models.tenants import Principal, ensure_key, get_or_create_tenant
 
@@ -54,6 +57,10 @@ def provision_auth(settings: Settings, sessions: sessionmaker[Session]) -> Princ
 def startup(services: Services) -> None:
     services.storage.ensure()
     services.local_principal = provision_auth(services.settings, services.sessions)
+    box = functools.cache(lambda: SecretBox.from_settings(services.settings))
+    with session_scope(services.sessions) as s:
+        if sealed := webhooks_db.seal_plain_secrets(s, box):
+            log.info("sealed %d webhook secrets stored in plain text before secrets were sealed", sealed)
     if not services.settings.redis_url:
         log.warning("FTUNE_REDIS_URL is not set: jobs are stored but no worker will be woken")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -20,7 +21,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from core.errors import Conflict, NotFound
-from core.secretbox import SecretBox, SecretUnreadable, is_sealed
+from core.secretbox import PREFIX, SecretBox, SecretUnreadable, is_sealed
 from core.settings import get_settings
 from core.states import JobStatus
 from models.db import rows_changed
@@ -52,6 +53,26 @@ def unseal(box: SecretBox, stored: str, *, webhook_id: str) -> str:
     if not is_sealed(stored):
         return stored  # a row from before secrets were sealed
     return "whsec_" + base64.b64encode(box.open(stored, context=webhook_id)).decode()
+
+
+def seal_plain_secrets(session: Session, box: Callable[[], SecretBox]) -> int:
+    """Seal every secret still held as a plain `whsec_...` (rows from before secrets were sealed), each
+    only if it is still that value (a rotation meanwhile wins); returns how many were sealed. The API runs
+    it at its start, so such a row does not wait for its next rotation. `box` is asked for only when there
+    is one to seal (making it may make the key file)."""
+    sealed = 0
+    plain = (Webhook.secret.not_like(f"{PREFIX}%"), Webhook.previous_secret.not_like(f"{PREFIX}%"))
+    for hook in session.scalars(select(Webhook).where(plain[0] | plain[1])).all():
+        for column in (Webhook.secret, Webhook.previous_secret):
+            value = getattr(hook, column.key)
+            if value and not is_sealed(value):
+                done = session.execute(
+                    update(Webhook)
+                    .where(Webhook.id == hook.id, column == value)
+                    .values({column.key: seal(box(), value, webhook_id=hook.id)})
+                )
+                sealed += rows_changed(done)
+    return sealed
 
 
 @dataclass(frozen=True)

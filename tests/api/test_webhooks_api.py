@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
+from api.main import startup
 from core.secretbox import SecretBox
 from core.settings import Settings
 from models import webhooks as webhooks_db
@@ -167,6 +168,34 @@ def test_secrets_are_not_stored_in_plain_text(app: FastAPI, client: TestClient) 
     for secret in (created["secret"], rotated["secret"]):
         key = secret.removeprefix("whsec_")
         assert key not in row[0] and key not in row[1]
+
+
+def test_secrets_stored_in_plain_text_before_are_sealed_when_the_api_starts(
+    app: FastAPI, client: TestClient
+) -> None:
+    """Rows written before secrets were sealed hold a plain whsec_...: the API's start seals them (the same
+    secret, as a delivery reads it); a deleted endpoint's cleared secret is left as it is."""
+    created = client.post("/webhooks", json={"url": PUBLIC}).json()
+    rotated = client.post(f"/webhooks/{created['id']}/rotate-secret").json()
+    gone = client.post("/webhooks", json={"url": PUBLIC}).json()
+    assert client.delete(f"/webhooks/{gone['id']}").status_code == 204
+    services = app.state.services
+    query = text("SELECT secret, previous_secret FROM webhooks WHERE id = :id")
+    with session_scope(services.sessions) as s:  # as a row from before 0004 holds them
+        s.execute(
+            text("UPDATE webhooks SET secret = :new, previous_secret = :old WHERE id = :id"),
+            {"new": rotated["secret"], "old": created["secret"], "id": created["id"]},
+        )
+    startup(services)
+    box = SecretBox.from_settings(services.settings)
+    with services.sessions() as s:
+        secret, previous = s.execute(query, {"id": created["id"]}).one()
+        assert secret.startswith("enc1:") and previous.startswith("enc1:")
+        assert webhooks_db.unseal(box, secret, webhook_id=created["id"]) == rotated["secret"]
+        assert webhooks_db.unseal(box, previous, webhook_id=created["id"]) == created["secret"]
+        assert tuple(s.execute(query, {"id": gone["id"]}).one()) == ("", None)
+    with session_scope(services.sessions) as s:
+        assert webhooks_db.seal_plain_secrets(s, lambda: box) == 0  # nothing left to seal
 
 
 def _finished_job(app: FastAPI, webhook_id: str) -> str:
