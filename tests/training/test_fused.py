@@ -24,20 +24,22 @@ def spec(**kw) -> JobSpec:
     return JobSpec(base_model="tiny", dataset_id="testdata01", lora_dropout=0.0, **kw)
 
 
-def _pair(model_dir: Path, s: JobSpec, jit: bool | None = True) -> tuple[torch.nn.Module, torch.nn.Module]:
+def _pair(
+    model_dir: Path, s: JobSpec, jit: bool | None = True, device: torch.device = CPU
+) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The model as loaded, and the same model (same LoRA init, lora_B made non-zero) with fused modules
     (`jit`: compiled; None: where torch.compile works)."""
     models = []
     for _ in range(2):
         torch.manual_seed(0)
-        model = load_model(s, model_dir, CPU)
+        model = load_model(s, model_dir, device)
         torch.manual_seed(1)
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 torch.nn.init.normal_(p, std=0.05)
         models.append(model)
     # 2 layers x 2 norms + the final norm
-    assert fused.install(models[1], CPU, jit=jit) == {"norms": 5, "mlps": 2}
+    assert fused.install(models[1], device, jit=jit) == {"norms": 5, "mlps": 2}
     return models[0], models[1]
 
 
@@ -51,9 +53,10 @@ def _step(model: torch.nn.Module, ids: torch.Tensor, autocast: bool = False):
         return t
 
     model.zero_grad(set_to_none=True)
+    ids = ids.to(next(model.parameters()).device)
     with (
         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-        torch.autocast("cpu", torch.bfloat16, enabled=autocast),
+        torch.autocast(ids.device.type, torch.bfloat16, enabled=autocast),
     ):
         loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
@@ -61,10 +64,24 @@ def _step(model: torch.nn.Module, ids: torch.Tensor, autocast: bool = False):
     return loss.detach(), grads, sum(saved.values())
 
 
-@pytest.mark.parametrize(("checkpointing", "jit"), [(False, True), (True, True), (False, False)])
-def test_fused_modules_train_as_the_models_own(tiny_model: Path, checkpointing: bool, jit: bool) -> None:
-    """fp32: the same loss and gradients, compiled or not, with layers recomputed or not."""
-    plain, fast = _pair(tiny_model, spec(gradient_checkpointing=checkpointing), jit)
+ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@pytest.mark.parametrize(
+    ("device", "checkpointing", "jit"),
+    [
+        ("cpu", False, True),
+        ("cpu", True, True),
+        ("cpu", False, False),
+        pytest.param("cuda", False, True, marks=ON_CUDA),
+    ],
+)
+def test_fused_modules_train_as_the_models_own(
+    tiny_model: Path, device: str, checkpointing: bool, jit: bool
+) -> None:
+    """fp32: the same loss and gradients, compiled (Triton on CUDA) or not, with layers recomputed or not."""
+    s = spec(gradient_checkpointing=checkpointing)
+    plain, fast = _pair(tiny_model, s, jit, torch.device(device))
     for length in (48, 31):  # another length: the same compiled code (dynamic shapes)
         ids = torch.randint(1, 1000, (2, length))
         loss, grads, _ = _step(plain, ids)
