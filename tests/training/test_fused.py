@@ -129,6 +129,7 @@ FAMILIES = {  # tiny models of each family core.arch plans: (config class, extra
     "phi3": ("Phi3Config", {"pad_token_id": 0}),
     "gemma": ("GemmaConfig", {"head_dim": 16}),
     "gemma2": ("Gemma2Config", {"head_dim": 16}),
+    "gemma3_text": ("Gemma3TextConfig", {"head_dim": 16}),
 }
 
 
