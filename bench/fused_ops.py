@@ -34,7 +34,8 @@ def sync(device: torch.device) -> None:
 
 
 def run(fn: Callable[[], torch.Tensor], inputs: list[torch.Tensor], repeat: int, device: torch.device):
-    """Time of forward + backward (ms), the output, the input gradients, the bytes autograd kept."""
+    """Time of forward + backward (ms), the output, the input gradients, the bytes of the new tensors
+    autograd kept."""
     kept: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -59,7 +60,7 @@ def run(fn: Callable[[], torch.Tensor], inputs: list[torch.Tensor], repeat: int,
         out = once()
     sync(device)
     ms = (time.perf_counter() - start) / repeat * 1000
-    return ms, out.detach(), [t.grad.clone() for t in inputs], saved, sum(kept.values())
+    return ms, out.detach(), [t.grad.clone() for t in inputs], saved
 
 
 def main() -> None:
@@ -97,8 +98,8 @@ def main() -> None:
     print(f"{'op':18} {'eager ms':>9} {'fused ms':>9} {'speed-up':>8} {'fused eager ms':>14} "
           f"{'max |diff|':>10} {'new tensors kept: eager':>24} {'fused':>9}")  # fmt: skip
     for op, (inputs, eager, compiled, uncompiled) in cases.items():
-        e_ms, e_out, e_grads, e_kept, _ = run(eager, inputs, args.repeat, device)
-        f_ms, f_out, f_grads, f_kept, _ = run(compiled, inputs, args.repeat, device)
+        e_ms, e_out, e_grads, e_kept = run(eager, inputs, args.repeat, device)
+        f_ms, f_out, f_grads, f_kept = run(compiled, inputs, args.repeat, device)
         u_ms, *_ = run(uncompiled, inputs, args.repeat, device)
         pairs = zip([e_out, *e_grads], [f_out, *f_grads], strict=True)
         diff = max((a.float() - b.float()).abs().max().item() for a, b in pairs)

@@ -240,6 +240,9 @@ def _is_rms_norm(module: torch.nn.Module) -> bool:
     return _norm_classes[cls]
 
 
+_gate_kinds: dict[tuple[type, type], str | None] = {}
+
+
 def _llama_mlp_code() -> Any:
     from transformers.models.llama.modeling_llama import LlamaMLP
 
@@ -253,11 +256,12 @@ def gate_kind(module: torch.nn.Module) -> str | None:
     code = getattr(getattr(type(module), "forward", None), "__code__", None)
     if code is None or not all(hasattr(module, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
         return None
-    llama = _llama_mlp_code()
-    kind = type(getattr(module, "act_fn")).__name__  # noqa: B009  a module, for mypy
-    if kind not in GATES or (code.co_code, code.co_names) != (llama.co_code, llama.co_names):
-        return None
-    probe = torch.linspace(-6, 6, 97)
-    with torch.no_grad():
-        same = torch.equal(getattr(module, "act_fn")(probe), GATES[kind][0](probe))  # noqa: B009
-    return kind if same else None
+    act = getattr(module, "act_fn")  # noqa: B009  a module, for mypy
+    key = (type(module), type(act))
+    if key not in _gate_kinds:  # once per MLP class and activation class
+        llama, kind = _llama_mlp_code(), type(act).__name__
+        known = kind in GATES and (code.co_code, code.co_names) == (llama.co_code, llama.co_names)
+        probe = torch.linspace(-6, 6, 97)
+        with torch.no_grad():
+            _gate_kinds[key] = kind if known and torch.equal(act(probe), GATES[kind][0](probe)) else None
+    return _gate_kinds[key]

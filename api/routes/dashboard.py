@@ -21,10 +21,11 @@ from models.tables import utcnow
 
 router = APIRouter(tags=["dashboard"])
 
-# The page's parts by name, listed from the package once: a request names one of these, never a path.
+# The page's parts by name (text, media type), read from the package once: a request names one of these,
+# never a path.
 ASSET_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 ASSETS = {
-    part.name: ASSET_TYPES[part.name[part.name.rfind(".") :]]
+    part.name: (part.read_text(), ASSET_TYPES[part.name[part.name.rfind(".") :]])
     for part in files("api").joinpath("static/dashboard").iterdir()
     if part.name.endswith(tuple(ASSET_TYPES))
 }
@@ -40,8 +41,8 @@ def dashboard() -> HTMLResponse:
 def dashboard_part(name: str) -> Response:
     if name not in ASSETS:
         raise NotFound(f"no dashboard file {name!r}")
-    text = files("api").joinpath("static/dashboard", name).read_text()
-    return Response(text, media_type=ASSETS[name], headers={"Cache-Control": "no-cache"})
+    text, media_type = ASSETS[name]
+    return Response(text, media_type=media_type, headers={"Cache-Control": "no-cache"})
 
 
 @router.get("/", include_in_schema=False, response_class=HTMLResponse)
