@@ -1,6 +1,7 @@
 """training.fused against the modules it replaces, one layer's worth at bench/gpu_check.py's 1.1B shape:
-a Llama RMSNorm over [tokens, 2048] and a SwiGLU product over [tokens, 5632], forward + backward, bf16
-(the engine's compute dtype on a GPU), on CUDA when there is one, else on this CPU.
+a Llama RMSNorm over [tokens, 2048], a SwiGLU product over [tokens, 5632] and the rotary embedding of q
+(32 heads) and k (4 heads) of 64 dims, forward + backward, bf16 (the engine's compute dtype on a GPU), on
+CUDA when there is one, else on this CPU.
 
     python bench/fused_ops.py [--tokens 8192] [--repeat 10]
 
@@ -23,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from gpu_check import SHAPE  # noqa: E402
-from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb  # noqa: E402
 
 from training import fused  # noqa: E402
 
@@ -33,25 +34,29 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def run(fn: Callable[[], torch.Tensor], inputs: list[torch.Tensor], repeat: int, device: torch.device):
-    """Time of forward + backward (ms), the output, the input gradients, the bytes of the new tensors
-    autograd kept."""
+Outputs = tuple[torch.Tensor, ...]
+
+
+def run(fn: Callable[[], Outputs], inputs: list[torch.Tensor], given: list[torch.Tensor], repeat: int,
+        device: torch.device):  # fmt: skip
+    """Time of forward + backward (ms), the outputs, the input gradients, the bytes of the new tensors
+    autograd kept (not `inputs` nor the other tensors `given`)."""
     kept: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
-    def once() -> torch.Tensor:
+    def once() -> Outputs:
         for t in inputs:
             t.grad = None
         out = fn()
-        out.backward(torch.ones_like(out))
+        torch.autograd.backward(out, [torch.ones_like(o) for o in out])
         return out
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
-    inputs_bytes = {t.untyped_storage().data_ptr() for t in inputs}
+    inputs_bytes = {t.untyped_storage().data_ptr() for t in inputs + given}
     saved = sum(b for ptr, b in kept.items() if ptr not in inputs_bytes)  # new tensors only
     once()
     sync(device)
@@ -60,7 +65,7 @@ def run(fn: Callable[[], torch.Tensor], inputs: list[torch.Tensor], repeat: int,
         out = once()
     sync(device)
     ms = (time.perf_counter() - start) / repeat * 1000
-    return ms, out.detach(), [t.grad.clone() for t in inputs], saved
+    return ms, [o.detach() for o in out], [t.grad.clone() for t in inputs], saved
 
 
 def main() -> None:
@@ -80,28 +85,47 @@ def main() -> None:
     x = torch.randn(tokens, h, device=device, dtype=dt, requires_grad=True)
     norm = LlamaRMSNorm(h, eps=1e-5).to(device=device, dtype=dt).requires_grad_(False)
     gate, up = (torch.randn(tokens, inter, device=device, dtype=dt, requires_grad=True) for _ in "gu")
-    cases = {
+    # q and k as the attention makes them: [1, heads, tokens, 64] views of [1, tokens, heads, 64]
+    heads, kv_heads = SHAPE["num_heads"], SHAPE["num_kv_heads"]
+    head_dim = h // heads
+    q, k = (torch.randn(1, tokens, n, head_dim, device=device, dtype=dt).transpose(1, 2).requires_grad_()
+            for n in (heads, kv_heads))  # fmt: skip
+    angles = torch.arange(tokens, device=device)[:, None] / 10_000 ** (
+        torch.arange(head_dim, device=device) / head_dim
+    )
+    cos, sin = (f(angles)[None].to(dt) for f in (torch.cos, torch.sin))
+
+    def rotary(jit: bool) -> Outputs:
+        return fused.FusedRope.apply(q, cos, sin, jit), fused.FusedRope.apply(k, cos, sin, jit)
+
+    cases = {  # inputs needing gradients, other inputs, the modules', fused compiled, fused eager
         "RMSNorm": (
-            [x],
-            lambda: norm(x),
-            lambda: fused.FusedRMSNorm.apply(x, norm.weight, norm.variance_epsilon, True),
-            lambda: fused.FusedRMSNorm.apply(x, norm.weight, norm.variance_epsilon, False),
+            [x], [norm.weight],
+            lambda: (norm(x),),
+            lambda: (fused.FusedRMSNorm.apply(x, norm.weight, norm.variance_epsilon, True),),
+            lambda: (fused.FusedRMSNorm.apply(x, norm.weight, norm.variance_epsilon, False),),
         ),
         "silu(gate) * up": (
-            [gate, up],
-            lambda: torch.nn.functional.silu(gate) * up,
-            lambda: fused.FusedGate.apply(gate, up, "SiLU", True),
-            lambda: fused.FusedGate.apply(gate, up, "SiLU", False),
+            [gate, up], [],
+            lambda: (torch.nn.functional.silu(gate) * up,),
+            lambda: (fused.FusedGate.apply(gate, up, "SiLU", True),),
+            lambda: (fused.FusedGate.apply(gate, up, "SiLU", False),),
         ),
-    }
+        "rotary q, k": (
+            [q, k], [cos, sin],
+            lambda: apply_rotary_pos_emb(q, k, cos, sin),
+            lambda: rotary(True),
+            lambda: rotary(False),
+        ),
+    }  # fmt: skip
     print(f"{tokens} tokens, bf16, forward + backward, {args.repeat} repeats")
     print(f"{'op':18} {'eager ms':>9} {'fused ms':>9} {'speed-up':>8} {'fused eager ms':>14} "
           f"{'max |diff|':>10} {'new tensors kept: eager':>24} {'fused':>9}")  # fmt: skip
-    for op, (inputs, eager, compiled, uncompiled) in cases.items():
-        e_ms, e_out, e_grads, e_kept = run(eager, inputs, args.repeat, device)
-        f_ms, f_out, f_grads, f_kept = run(compiled, inputs, args.repeat, device)
-        u_ms, *_ = run(uncompiled, inputs, args.repeat, device)
-        pairs = zip([e_out, *e_grads], [f_out, *f_grads], strict=True)
+    for op, (inputs, given, eager, compiled, uncompiled) in cases.items():
+        e_ms, e_out, e_grads, e_kept = run(eager, inputs, given, args.repeat, device)
+        f_ms, f_out, f_grads, f_kept = run(compiled, inputs, given, args.repeat, device)
+        u_ms, *_ = run(uncompiled, inputs, given, args.repeat, device)
+        pairs = zip([*e_out, *e_grads], [*f_out, *f_grads], strict=True)
         diff = max((a.float() - b.float()).abs().max().item() for a, b in pairs)
         print(
             f"{op:18} {e_ms:9.2f} {f_ms:9.2f} {e_ms / f_ms:7.2f}x {u_ms:14.2f} {diff:10.3g} "

@@ -1,5 +1,5 @@
-"""Each RMSNorm and each gated MLP's act(gate) * up as one autograd function, its forward and backward
-each one compiled kernel (torch.compile: Triton on a GPU).
+"""Each RMSNorm, each gated MLP's act(gate) * up and each rotary position embedding as one autograd
+function, its forward and backward each one compiled kernel (torch.compile: Triton on a GPU).
 
 In eager PyTorch a Llama-style RMSNorm is seven kernels forward (upcast, square, mean, add, rsqrt, two
 multiplies and a downcast, each a pass over [tokens, hidden]) and more backward, and autograd keeps its fp32
@@ -7,19 +7,27 @@ upcast input: 4 bytes a value. A gated MLP's act(gate) * up is two kernels forwa
 autograd keeps act(gate) besides gate and up. Here each is an autograd.Function that keeps only its inputs
 (and a norm's fp32 rstd, one per token, as eager's rsqrt does), whatever the compiler fuses: a norm keeps
 its input in its own dtype, an MLP no act(gate) (the planner counts that: Runtime.fused_norm_mlp). Its
-backward is eager autograd's formula written out (the activations' own aten backward kernels).
+backward is eager autograd's formula written out (the activations' own aten backward kernels). A rotary
+embedding (x * cos + rotate_half(x) * sin: five kernels forward for q and five for k, more backward) keeps
+cos and sin, as eager autograd does: the same bytes, so the planner counts nothing new for it.
 
 Installed as instance forwards, and only where they compute what the module computed: a norm whose output
 on a probe equals rms_norm's bit for bit (the same formula, not Gemma's 1 + weight), an MLP whose forward
-is Llama's `down_proj(act_fn(gate_proj(x)) * up_proj(x))` with an activation known here. Compiled where
-torch.compile works on the device (tried once per process); eager otherwise, keeping the same tensors.
-The engine installs them where it trains on CUDA (training.recipe): compiling costs seconds per process.
+is Llama's `down_proj(act_fn(gate_proj(x)) * up_proj(x))` with an activation known here, an attention whose
+family's `apply_rotary_pos_emb` computes Llama's on a probe (that module-level function is replaced by one
+that runs the fused one only inside the forwards installed here, the family's own everywhere else).
+Compiled where torch.compile works on the device (tried once per process); eager otherwise, keeping the
+same tensors. The engine installs them where it trains on CUDA (training.recipe): compiling costs seconds
+per process.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
+import sys
 from collections.abc import Callable
+from contextvars import ContextVar
 from types import MethodType
 from typing import Any
 
@@ -79,6 +87,25 @@ def gelu_tanh_gate_grads(
     return aten.gelu_backward(grad * up, gate, approximate="tanh"), grad * gelu_tanh(gate)
 
 
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """transformers' rotate_half: [x1, x2] -> [-x2, x1] over the last dimension."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb for one of q and k (its dtype promoted with cos's, as there)."""
+    return x * cos + rotate_half(x) * sin
+
+
+def rope_grad(grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """d loss / d x, as autograd derives it from rope's ops: each product's gradient in x's dtype, the
+    second one rotated back (rotate_half's transpose: [y1, y2] -> [y2, -y1]), summed."""
+    by_sin = (grad * sin).to(dtype)
+    half = by_sin.shape[-1] // 2
+    return (grad * cos).to(dtype) + torch.cat((by_sin[..., half:], -by_sin[..., :half]), dim=-1)
+
+
 Gate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 GateGrads = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
 # transformers' activation classes (ACT2FN) by name: the function each computes, its gate and gradients
@@ -115,10 +142,11 @@ def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def compiles(device: torch.device, kinds: set[str] | frozenset[str] = frozenset(GATES)) -> bool:
-    """Whether torch.compile works on `device` (a compiler, Triton on a GPU) for the norm's functions and
-    those of the gates of `kinds`, each tried once per process on small tensors; a failure is logged, and
-    the functions then run eagerly."""
+    """Whether torch.compile works on `device` (a compiler, Triton on a GPU) for the norm's and the rotary
+    embedding's functions and those of the gates of `kinds`, each tried once per process on small tensors;
+    a failure is logged, and the functions then run eagerly."""
     fns: list[Callable[..., Any]] = [rms_norm_forward, rms_norm_input_grad, rms_norm_weight_grad]
+    fns += [rope, rope_grad]
     fns += [fn for kind in sorted(kinds) for fn in GATES[kind][1:]]
     for fn in fns:
         if (device, fn) not in _compiles:
@@ -136,10 +164,13 @@ def compiles(device: torch.device, kinds: set[str] | frozenset[str] = frozenset(
 def _sample_args(fn: Callable[..., Any], x: torch.Tensor, rstd: torch.Tensor) -> tuple[Any, ...]:
     """Distinct tensors, as a real call passes (dynamo guards on arguments that alias)."""
     w, other = x[0].clone(), x.clone()
+    heads, position = x.view(4, 2, 4), x[:, None, :4].clone()  # as _heads_rows and _position_rows make them
     by_fn: dict[Callable[..., Any], tuple[Any, ...]] = {
         rms_norm_forward: (x, w, 1e-5),
         rms_norm_input_grad: (other, x, w, rstd),
         rms_norm_weight_grad: (other, x, rstd),
+        rope: (heads, position, position.clone()),
+        rope_grad: (heads, position, position.clone(), x.dtype),
     }
     gate = (x, other) if fn.__code__.co_argcount == 2 else (x.clone(), x, other)  # (gate, up), (grad, ...)
     return by_fn.get(fn, gate)
@@ -188,19 +219,80 @@ class FusedGate(torch.autograd.Function):
         return g_gate.view(gate.shape), g_up.view(up.shape), None, None
 
 
+# q and k as [batch, heads, positions, head_dim] views of [batch, positions, heads, head_dim] projections,
+# cos and sin as [batch or 1, positions, head_dim]: seen as [batch x positions, heads, head_dim] and
+# [batch x positions, 1, head_dim] (views, but for a cos of batch 1 expanded: a copy of head_dim per token).
+def _heads_rows(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[3])
+
+
+def _position_rows(t: torch.Tensor, batch: int) -> torch.Tensor:
+    return t.expand(batch, -1, -1).reshape(-1, 1, t.shape[-1])
+
+
+class FusedRope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, jit: bool) -> torch.Tensor:
+        ctx.save_for_backward(cos, sin)  # the model's, shared by its layers: eager keeps the same
+        ctx.dtype, ctx.jit = x.dtype, jit
+        b, h, s, d = x.shape
+        y = (compiled(rope) if jit else rope)(_heads_rows(x), _position_rows(cos, b), _position_rows(sin, b))
+        return y.reshape(b, s, h, d).transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        cos, sin = ctx.saved_tensors
+        b, h, s, d = grad.shape
+        fn = compiled(rope_grad) if ctx.jit else rope_grad
+        g = fn(_heads_rows(grad), _position_rows(cos, b), _position_rows(sin, b), ctx.dtype)
+        return g.reshape(b, s, h, d).transpose(1, 2), None, None, None
+
+
+# Whether the rotary embedding is fused in the forward running now, and compiled (set by the attention
+# forwards install makes; None outside them): the family's function is module-level, shared by every model.
+_rope_jit: ContextVar[bool | None] = ContextVar("ftune_fused_rope", default=None)
+
+
+def _fits(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Shapes the fused rotary embedding computes as Llama's function does (not a partial rotary
+    embedding, not cos and sin that need a gradient); anything else takes the family's own."""
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or cos.shape != sin.shape or q.shape[-1] % 2:
+        return False
+    b, _, s, d = q.shape
+    same = k.shape[0] == b and k.shape[2:] == (s, d) and cos.shape[1:] == (s, d) and cos.shape[0] in (1, b)
+    return same and not (cos.requires_grad or sin.requires_grad)
+
+
+def _fused_rotary(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A family's apply_rotary_pos_emb that runs the fused one inside installed forwards, for the shapes
+    it computes as the family's does, and the family's `original` otherwise."""
+
+    def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, *args: Any, **kwargs: Any) -> Any:
+        jit = _rope_jit.get()
+        if jit is None or args or kwargs.get("unsqueeze_dim", 1) != 1 or not _fits(q, k, cos, sin):
+            return original(q, k, cos, sin, *args, **kwargs)
+        return FusedRope.apply(q, cos, sin, jit), FusedRope.apply(k, cos, sin, jit)
+
+    apply_rotary_pos_emb.original = original  # type: ignore[attr-defined]
+    return apply_rotary_pos_emb
+
+
 # -- installing -----------------------------------------------------------------------------------------
 def install(model: torch.nn.Module, device: torch.device, jit: bool | None = None) -> dict[str, int]:
     """The fused forwards on the norms and gated MLPs of `model` that compute what they did; returns how
     many of each. `jit`: compile them (default: where torch.compile works on `device`)."""
     norms = [m for m in model.modules() if _is_rms_norm(m)]
     mlps = [(m, kind) for m in model.modules() if (kind := gate_kind(m)) is not None]
+    attentions = [m for m in model.modules() if _has_llama_rope(m)]
     if jit is None:
         jit = compiles(device, {kind for _, kind in mlps})
     for norm in norms:
         norm.forward = MethodType(_norm_forward(jit), norm)
     for mlp, kind in mlps:
         mlp.forward = MethodType(_mlp_forward(kind, jit), mlp)
-    return {"norms": len(norms), "mlps": len(mlps)}
+    for attention in attentions:
+        attention.forward = MethodType(_attention_forward(attention.forward, jit), attention)
+    return {"norms": len(norms), "mlps": len(mlps), "ropes": len(attentions)}
 
 
 def _norm_forward(jit: bool) -> Callable[[Any, torch.Tensor], torch.Tensor]:
@@ -215,6 +307,52 @@ def _mlp_forward(kind: str, jit: bool) -> Callable[[Any, torch.Tensor], torch.Te
         return self.down_proj(FusedGate.apply(self.gate_proj(x), self.up_proj(x), kind, jit))
 
     return forward
+
+
+def _attention_forward(own: Callable[..., Any], jit: bool) -> Callable[..., Any]:
+    """The attention's own forward, its rotary embedding fused (see _fused_rotary)."""
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _rope_jit.set(jit)
+        try:
+            return own(*args, **kwargs)
+        finally:
+            _rope_jit.reset(token)
+
+    return forward
+
+
+_rope_modules: dict[str, bool] = {}  # whether a family module's apply_rotary_pos_emb is Llama's: once each
+
+
+def _has_llama_rope(module: torch.nn.Module) -> bool:
+    """An attention whose forward calls its family's module-level apply_rotary_pos_emb, that function
+    computing Llama's on a probe bit for bit; that function is then replaced (once) by _fused_rotary's."""
+    family = sys.modules.get(type(module).__module__)
+    forward = getattr(type(module), "forward", None)
+    code = getattr(inspect.unwrap(forward), "__code__", None) if forward is not None else None
+    if family is None or code is None or "apply_rotary_pos_emb" not in code.co_names:
+        return False
+    name = family.__name__
+    if name not in _rope_modules:
+        own = getattr(family, "apply_rotary_pos_emb", None)
+        _rope_modules[name] = callable(own) and _computes_rope(own)
+        if own is not None and _rope_modules[name]:
+            family.apply_rotary_pos_emb = _fused_rotary(own)  # type: ignore[attr-defined]
+    return _rope_modules[name]
+
+
+def _computes_rope(fn: Callable[..., Any]) -> bool:
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, 5, 8, generator=gen), torch.randn(2, 2, 5, 8, generator=gen)
+    cos, sin = torch.randn(2, 5, 8, generator=gen), torch.randn(2, 5, 8, generator=gen)
+    try:
+        with torch.no_grad():
+            got_q, got_k = fn(q, k, cos, sin)
+    except Exception:  # another signature or formula: not Llama's
+        return False
+    c, s = cos[:, None], sin[:, None]
+    return torch.equal(got_q, rope(q, c, s)) and torch.equal(got_k, rope(k, c, s))
 
 
 _norm_classes: dict[type, bool] = {}  # whether a class computes rms_norm: once per process

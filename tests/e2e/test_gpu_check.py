@@ -46,7 +46,8 @@ def test_the_model_it_builds_is_llama_shaped_with_about_a_billion_parameters(tmp
 
 def test_the_fused_ops_bench_runs_on_a_cpu_and_prints_both_sides() -> None:
     """bench/fused_ops.py as the GPU session runs it, on this CPU with few tokens: a row per op, the eager
-    and the fused time side by side, and no new tensor kept by the fused ones."""
+    and the fused time side by side, and no new tensor kept by the fused ones (the rotary embeddings keep
+    the model's cos and sin, as eager does)."""
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "fused_ops.py"), "--tokens", "64", "--repeat", "1"],
         capture_output=True,
@@ -59,3 +60,5 @@ def test_the_fused_ops_bench_runs_on_a_cpu_and_prints_both_sides() -> None:
     assert len(rows) == 2, done.stdout
     for row in rows:
         assert row[-2:] == ["0.0", "MiB"] and float(row[-4]) > 0, row  # eager keeps new tensors, fused none
+    rotary = [line.split() for line in done.stdout.splitlines() if line.startswith("rotary")]
+    assert len(rotary) == 1 and rotary[0][-4:] == ["0.0", "MiB", "0.0", "MiB"], done.stdout  # cos, sin only

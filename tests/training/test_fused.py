@@ -1,6 +1,7 @@
-"""training.fused: compiled RMSNorms and gated-MLP products train the model as its own modules do, keep for
-backward what the planner says they keep, and replace exactly the modules of the families the planner
-counts as fused. Run on a CPU (inductor's C++ backend); the engine installs them where it trains on CUDA."""
+"""training.fused: compiled RMSNorms, gated-MLP products and rotary embeddings train the model as its own
+modules do, keep for backward what the planner says they keep, and replace exactly the modules of the
+families the planner counts as fused. Run on a CPU (inductor's C++ backend); the engine installs them where
+it trains on CUDA."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def _pair(
                 torch.nn.init.normal_(p, std=0.05)
         models.append(model)
     # 2 layers x 2 norms + the final norm
-    assert fused.install(models[1], device, jit=jit) == {"norms": 5, "mlps": 2}
+    assert fused.install(models[1], device, jit=jit) == {"norms": 5, "mlps": 2, "ropes": 2}
     return models[0], models[1]
 
 
@@ -99,7 +100,7 @@ def test_what_autograd_keeps_is_what_the_planner_counts(
 ) -> None:
     """Under bf16 autocast, as the engine trains on a GPU: with bf16 weights each norm keeps its bf16 input
     instead of an fp32 copy (with fp32 weights the residual stream is fp32: the same bytes) and each MLP
-    no act(gate); the difference is the planner's, byte for byte."""
+    no act(gate), the rotary embeddings what eager keeps; the difference is the planner's, byte for byte."""
     s = spec(torch_dtype=stored, mixed_precision="bf16")
     plain, fast = _pair(tiny_model, s)
     for model in (plain, fast):
@@ -149,7 +150,8 @@ def test_the_fused_modules_are_those_the_planner_counts(tmp_path: Path, family: 
     norms_per_model = 2 * (arch.norms_per_layer + (2 if arch.qk_norm else 0)) + 1
     assert counts["norms"] == (norms_per_model if fused_norm(arch) else 0), counts
     assert counts["mlps"] == (2 if fused_gate(arch) else 0), counts
-    if counts["norms"] or counts["mlps"]:
+    assert counts["ropes"] == 2, counts  # every family here rotates as Llama does (memory: no plan term)
+    if counts["norms"] or counts["mlps"] or counts["ropes"]:
         ids = torch.randint(1, 128, (1, 9))
         with torch.no_grad():
             got = model(input_ids=ids).logits
@@ -174,7 +176,7 @@ def test_where_torch_compile_fails_the_same_functions_run_eagerly(
     monkeypatch.setattr(fused, "compiled", broken)
     monkeypatch.setattr(fused, "_compiles", {})
     assert not fused.compiles(CPU, {"SiLU"})
-    assert caplog.text.count("torch.compile fails") == 5  # the norm's 3 functions, the gate's 2
+    assert caplog.text.count("torch.compile fails") == 7  # the norm's 3 functions, the rope's 2, the gate's 2
     plain, fast = _pair(tiny_model, spec(), jit=None)  # left to the check: eager
     ids = torch.randint(1, 1000, (2, 40))
     loss, grads, _ = _step(plain, ids)
@@ -198,3 +200,66 @@ def test_other_lengths_and_evaluation_compile_nothing_more(tiny_model: Path) -> 
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
         fast(input_ids=torch.randint(1, 1000, (4, 12)))
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_the_fused_rotary_embedding_is_the_familys(jit: bool) -> None:
+    """bf16 q and k with fp32 cos and sin (fp32 weights under autocast), a cos of batch 1: the outputs (fp32,
+    promoted as there) and the gradients (bf16) of Llama's apply_rotary_pos_emb, bit for bit eagerly."""
+    from transformers.models.llama import modeling_llama
+
+    family = getattr(modeling_llama.apply_rotary_pos_emb, "original", modeling_llama.apply_rotary_pos_emb)
+    gen = torch.Generator().manual_seed(0)
+    # [batch, positions, heads, head_dim] projections seen as [batch, heads, positions, head_dim]
+    q = torch.randn(3, 7, 4, 16, generator=gen).to(torch.bfloat16).transpose(1, 2).requires_grad_()
+    k = torch.randn(3, 7, 2, 16, generator=gen).to(torch.bfloat16).transpose(1, 2).requires_grad_()
+    cos, sin = torch.randn(1, 7, 16, generator=gen), torch.randn(1, 7, 16, generator=gen)
+    out_grads = [torch.randn(3, 4, 7, 16, generator=gen), torch.randn(3, 2, 7, 16, generator=gen)]
+    results = []
+    for run in (
+        lambda: family(q, k, cos, sin),
+        lambda: [fused.FusedRope.apply(t, cos, sin, jit) for t in (q, k)],
+    ):
+        q.grad = k.grad = None
+        outs = run()
+        torch.autograd.backward(outs, out_grads)
+        results.append([*outs, q.grad, k.grad])
+    for want, got in zip(*results, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        if jit:  # one rounding where eager rounds each op
+            assert torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+        else:
+            assert torch.equal(got, want)
+
+
+def test_the_rotary_embedding_is_fused_only_in_installed_forwards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The family's function is module-level, shared by every model of the family: another model, and a
+    partial rotary embedding (Phi-3's rotary dims < head_dim), still run the family's own."""
+    import transformers
+
+    calls: list[int] = []
+    apply = fused.FusedRope.apply
+    monkeypatch.setattr(fused.FusedRope, "apply", lambda *a: calls.append(1) or apply(*a))
+
+    def tiny(**extra):
+        config = transformers.Phi3Config(
+            vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, pad_token_id=0, **extra,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        return transformers.AutoModelForCausalLM.from_config(config)
+
+    ids = torch.randint(1, 128, (1, 9))
+    installed, other, partial = tiny(), tiny(), tiny(partial_rotary_factor=0.5)
+    fused.install(installed, CPU, jit=False)
+    assert fused.install(partial, CPU, jit=False)["ropes"] == 2
+    with torch.no_grad():
+        installed(input_ids=ids)
+        assert len(calls) == 2 * 2  # q and k in each layer
+        want = other(input_ids=ids).logits
+        partial(input_ids=ids)
+    assert len(calls) == 2 * 2
+    with torch.no_grad():
+        assert torch.allclose(installed(input_ids=ids).logits, want, rtol=1e-5, atol=1e-5)
