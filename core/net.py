@@ -6,12 +6,20 @@ refused: that is how DNS rebinding gets in); the caller connects to the checked 
 again. Numeric forms (0x7f000001, 2130706433, 0177.0.0.1, 127.1) resolve as the C library reads them, to the
 address they name; IPv6 addresses that embed an IPv4 one (::ffff:a.b.c.d, 6to4, NAT64, Teredo) are checked
 by the IPv4 address inside as well.
+
+A lookup is the tenant's too (its own nameserver can take the resolver's whole timeout, 30 s and more, to
+answer or not): with a `timeout` it runs in a thread of its own and the caller waits at most that long,
+and an owner (a tenant) has at most LOOKUPS_PER_OWNER lookups running at once, those it gave up on
+included, so a tenant whose names hang holds that many threads and never a thread of anyone else's.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
+from collections import Counter
+from typing import Any
 from urllib.parse import urlsplit
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -57,10 +65,50 @@ def refusal(ip: IPAddress) -> str | None:
     return next((kind for kind, hit in kinds if hit), None)
 
 
-def resolve(host: str, port: int) -> list[IPAddress]:
-    """Every address `host` resolves to, in the resolver's order (socket.gaierror if none)."""
+class LookupFailed(OSError):
+    """A lookup that did not answer in time, or one not started: the owner's lookups are all running."""
+
+
+LOOKUPS_PER_OWNER = 2
+_running: Counter[str] = Counter()  # lookups running, by owner
+_running_lock = threading.Lock()
+
+
+def resolve(host: str, port: int, *, timeout: float | None = None, owner: str = "") -> list[IPAddress]:
+    """Every address `host` resolves to, in the resolver's order (socket.gaierror if none). With a
+    `timeout`: LookupFailed when it takes longer, or when `owner` has LOOKUPS_PER_OWNER lookups running."""
+    if timeout is None:
+        return _addresses(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+    with _running_lock:
+        if _running[owner] >= LOOKUPS_PER_OWNER:
+            raise LookupFailed(f"not resolved: {LOOKUPS_PER_OWNER} earlier lookups are still running")
+        _running[owner] += 1
+    answer: list[Any] = []
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            answer.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except BaseException as e:  # handed to the caller
+            answer.append(e)
+        finally:
+            with _running_lock:
+                _running[owner] -= 1
+                if not _running[owner]:
+                    del _running[owner]
+            done.set()
+
+    threading.Thread(target=lookup, name="ftune-lookup", daemon=True).start()
+    if not done.wait(timeout):
+        raise LookupFailed(f"{host} did not resolve within {timeout:.2g} s")
+    if isinstance(answer[0], BaseException):
+        raise answer[0]
+    return _addresses(answer[0])
+
+
+def _addresses(infos: list[Any]) -> list[IPAddress]:
     out: list[IPAddress] = []
-    for *_, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+    for *_, sockaddr in infos:
         ip = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])  # an IPv6 zone is not part of it
         if ip not in out:
             out.append(ip)
@@ -79,11 +127,12 @@ def host_port(url: str) -> tuple[str, int]:
     return parts.hostname, port
 
 
-def checked_address(url: str, *, allow_private: bool) -> str:
-    """The address to connect to for `url`: its host resolved, each address checked (AddressRefused naming
-    the first refused one; socket.gaierror when the host does not resolve); `allow_private`: no check."""
+def checked_address(url: str, *, allow_private: bool, timeout: float | None = None, owner: str = "") -> str:
+    """The address to connect to for `url`: its host resolved (`timeout`, `owner`: see resolve), each
+    address checked (AddressRefused naming the first refused one; socket.gaierror when the host does not
+    resolve, LookupFailed); `allow_private`: no check."""
     host, port = host_port(url)
-    addresses = resolve(host, port)
+    addresses = resolve(host, port, timeout=timeout, owner=owner)
     if not allow_private:
         for ip in addresses:
             why = refusal(ip)

@@ -7,11 +7,12 @@ such entry per secret still valid, separated by a space). Any 2xx delivers; anyt
 the deadline, a refused connection or destination) is retried with exponential backoff from the outbox, so a
 restarted worker (or another one) carries on where this one stopped.
 
-A receiver is a tenant's server, so it is not trusted: each attempt has one hard deadline for connect, send
-and read (FTUNE_WEBHOOK_TIMEOUT_SECONDS) and reads at most MAX_RESPONSE_BYTES; the host is resolved and
-checked again at delivery (core.net) and the connection made to the address checked (the Host header, SNI
-and the certificate name the host); redirects are not followed. Attempts run in a `Deliverer`'s bounded
-pool, apart from the worker's heartbeat and reaper, at most so many at once per tenant and per host.
+A receiver is a tenant's server, so it is not trusted: each attempt has one hard deadline for the lookup,
+connect, send and read (FTUNE_WEBHOOK_TIMEOUT_SECONDS) and reads at most MAX_RESPONSE_BYTES; the host is
+resolved (a tenant's lookups bounded: core.net) and checked again at delivery and the connection made to
+the address checked (the Host header, SNI and the certificate name the host); redirects are not followed.
+Attempts run in a `Deliverer`'s bounded pool, apart from the worker's heartbeat and reaper, at most so
+many at once per tenant and per host.
 """
 
 from __future__ import annotations
@@ -293,13 +294,19 @@ class Deliverer:
         """Check the destination, send, record: the attempt's outcome. True if delivered."""
         settings, event_id, attempt = self.settings, event.event_id, event.attempts + 1
         started = utcnow()
+        deadline = Deadline(settings.webhook_timeout_seconds)  # the lookup's, the connection's, the answer's
         status: int | None = None
         error: str | None = None
         gone = False
         try:
             with self.sessions() as s:
                 url, secrets, payload = webhooks_db.target(s, event_id, box=self.box)
-            address = net.checked_address(url, allow_private=settings.webhook_allow_private)
+            address = net.checked_address(
+                url,
+                allow_private=settings.webhook_allow_private,
+                timeout=deadline.left(),
+                owner=event.tenant_id,
+            )
         except webhooks_db.WebhookGone as e:
             error, gone = f"deleted: {e}", True
         except SecretUnreadable as e:
@@ -319,7 +326,7 @@ class Deliverer:
                 "webhook-signature": " ".join(sign(k, event_id, timestamp, body) for k in secrets),
             }
             try:
-                status = self.post(url, address, body, headers, settings.webhook_timeout_seconds)
+                status = self.post(url, address, body, headers, deadline.left())
             except FAILURES as e:
                 error = f"{type(e).__name__}: {e}"
         ok = status is not None and 200 <= status < 300

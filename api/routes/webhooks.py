@@ -79,12 +79,15 @@ def _created(hook: webhooks_db.Endpoint) -> WebhookCreated:
     )
 
 
-def check_url(url: str, *, allow_private: bool) -> None:
-    """Refuse (400 webhook_url_not_allowed, param url) a URL ftune would not deliver to."""
+def check_url(url: str, *, allow_private: bool, timeout: float, tenant_id: str) -> None:
+    """Refuse (400 webhook_url_not_allowed, param url) a URL ftune would not deliver to, or whose host does
+    not resolve within `timeout` seconds (the tenant's lookups are bounded as at delivery: core.net)."""
     try:
-        net.checked_address(url, allow_private=allow_private)
+        net.checked_address(url, allow_private=allow_private, timeout=timeout, owner=tenant_id)
     except net.AddressRefused as e:
         raise FtuneError(e.reason, code="webhook_url_not_allowed", param="url") from e
+    except net.LookupFailed as e:
+        raise FtuneError(str(e), code="webhook_url_not_allowed", param="url") from e
     except (OSError, UnicodeError) as e:
         message = "the URL's host does not resolve"
         raise FtuneError(message, code="webhook_url_not_allowed", param="url") from e
@@ -95,7 +98,12 @@ def register_webhook(body: WebhookIn, services: ServicesDep, principal: Principa
     """Register an endpoint (at most FTUNE_MAX_WEBHOOKS_PER_TENANT a tenant: 409 webhook_limit_reached)."""
     settings = services.settings
     url = str(body.url)
-    check_url(url, allow_private=settings.webhook_allow_private)
+    check_url(
+        url,
+        allow_private=settings.webhook_allow_private,
+        timeout=settings.webhook_timeout_seconds,
+        tenant_id=principal.tenant_id,
+    )
     with session_scope(services.sessions) as s:
         hook = webhooks_db.register(
             s,

@@ -5,7 +5,11 @@ sealed in the database."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
@@ -25,7 +29,7 @@ PUBLIC = "http://93.184.215.14/hooks"  # a public address, numeric: nothing to r
 
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={"max_webhooks_per_tenant": 3})
+    return settings.model_copy(update={"max_webhooks_per_tenant": 3, "webhook_timeout_seconds": 0.5})
 
 
 @pytest.mark.parametrize(
@@ -212,3 +216,27 @@ def _finished_job_event(app: FastAPI, webhook_id: str) -> str:
     with app.state.services.sessions() as s:
         [event] = s.query(WebhookEvent).filter_by(job_id=job_id, webhook_id=webhook_id).all()
         return event.id
+
+
+def test_a_host_whose_lookup_hangs_is_refused_at_the_deadline(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tenant's nameserver never answers (the system resolver replaced by a double that blocks for its
+    names): 400 at the lookup's deadline (FTUNE_WEBHOOK_TIMEOUT_SECONDS), the API thread free again."""
+    release = threading.Event()
+
+    def getaddrinfo(host: str, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        release.wait(30)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.215.14", port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    try:
+        start = time.monotonic()
+        r = client.post("/webhooks", json={"url": "https://hooks.hang.test/ftune"})
+        assert time.monotonic() - start < 2
+    finally:
+        release.set()
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == ("webhook_url_not_allowed", "url")
+    assert error["message"] == "hooks.hang.test did not resolve within 0.5 s"

@@ -136,6 +136,35 @@ def test_one_tenant_holds_at_most_its_share_of_the_pool(sessions: sessionmaker[S
         deliverer.close(wait=True)  # the stalled attempts end and are recorded before the database goes
 
 
+def test_a_lookup_that_hangs_ends_at_the_attempts_deadline(
+    sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tenant's nameserver never answers (the system resolver replaced by a double that blocks for
+    that host only): the attempt ends at its deadline, recorded as unresolved and retried, nothing sent."""
+    resolve, release = socket.getaddrinfo, threading.Event()
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "hooks.hang.test":
+            release.wait(30)
+        return resolve(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    _, job_id = finished_job(sessions, "https://hooks.hang.test/ftune")
+    post = Receiver(204)
+    start = time.monotonic()
+    try:
+        assert deliver_due(sessions, settings_for(webhook_timeout_seconds=1), post) == 0
+        assert time.monotonic() - start < 3  # the deadline (1 s), the database's writes
+    finally:
+        release.set()
+    assert post.calls == []
+    with sessions() as s:
+        [event] = s.query(WebhookEvent).filter_by(job_id=job_id).all()
+        [attempt] = webhooks_db.deliveries(s, event.id)
+        assert attempt.error == "unresolved: LookupFailed: hooks.hang.test did not resolve within 1 s"
+        assert event.delivered_at is None and event.next_attempt_at is not None
+
+
 def test_a_destination_allowed_then_refused_is_not_sent(sessions: sessionmaker[Session]) -> None:
     """Registered while private destinations were allowed; the operator turned that off since."""
     _, job_id = finished_job(sessions, "http://127.0.0.1:9/hooks")
