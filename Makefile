@@ -20,8 +20,12 @@ install: $(STAMP)
 up: install
 	$(VENV)/bin/ftune up
 
+# Two pytest-xdist workers: on 2 cores the suite is CPU-bound, and one process left a core idle while a
+# test waited on its servers and subprocesses (2026-11-27, 2 AMD EPYC cores: one process over 25 min,
+# 2 workers 18.4, 3 workers 19.9). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # The dependency floor (.ci/run runs it after `make test`): the engine's and core's tests with every runtime dependency at the lowest version
 # pyproject.toml allows, in a venv of its own (.venv-floor; .ci/floor says which tests).
