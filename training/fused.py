@@ -279,8 +279,9 @@ def _fused_rotary(original: Callable[..., Any]) -> Callable[..., Any]:
 
 # -- installing -----------------------------------------------------------------------------------------
 def install(model: torch.nn.Module, device: torch.device, jit: bool | None = None) -> dict[str, int]:
-    """The fused forwards on the norms and gated MLPs of `model` that compute what they did; returns how
-    many of each. `jit`: compile them (default: where torch.compile works on `device`)."""
+    """The fused forwards on the norms, gated MLPs and attentions (their rotary embeddings) of `model` that
+    compute what they did; returns how many of each. `jit`: compile them (default: where torch.compile
+    works on `device`)."""
     norms = [m for m in model.modules() if _is_rms_norm(m)]
     mlps = [(m, kind) for m in model.modules() if (kind := gate_kind(m)) is not None]
     attentions = [m for m in model.modules() if _has_llama_rope(m)]
