@@ -8,7 +8,7 @@ address they name; IPv6 addresses that embed an IPv4 one (::ffff:a.b.c.d, 6to4, 
 by the IPv4 address inside as well.
 
 A lookup is the tenant's too (its own nameserver can take the resolver's whole timeout, 30 s and more, to
-answer or not): with a `timeout` it runs in a thread of its own and the caller waits at most that long,
+answer or not): it runs in a thread of its own and the caller waits at most its `timeout`,
 and an owner (a tenant) has at most LOOKUPS_PER_OWNER lookups running at once, those it gave up on
 included, so a tenant whose names hang holds that many threads and never a thread of anyone else's.
 """
@@ -74,11 +74,9 @@ _running: Counter[str] = Counter()  # lookups running, by owner
 _running_lock = threading.Lock()
 
 
-def resolve(host: str, port: int, *, timeout: float | None = None, owner: str = "") -> list[IPAddress]:
-    """Every address `host` resolves to, in the resolver's order (socket.gaierror if none). With a
-    `timeout`: LookupFailed when it takes longer, or when `owner` has LOOKUPS_PER_OWNER lookups running."""
-    if timeout is None:
-        return _addresses(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+def resolve(host: str, port: int, *, timeout: float, owner: str) -> list[IPAddress]:
+    """Every address `host` resolves to, in the resolver's order (socket.gaierror if none); LookupFailed
+    when that takes longer than `timeout` seconds, or when `owner` has LOOKUPS_PER_OWNER lookups running."""
     with _running_lock:
         if _running[owner] >= LOOKUPS_PER_OWNER:
             raise LookupFailed(f"not resolved: {LOOKUPS_PER_OWNER} earlier lookups are still running")
@@ -103,12 +101,8 @@ def resolve(host: str, port: int, *, timeout: float | None = None, owner: str = 
         raise LookupFailed(f"{host} did not resolve within {timeout:.2g} s")
     if isinstance(answer[0], BaseException):
         raise answer[0]
-    return _addresses(answer[0])
-
-
-def _addresses(infos: list[Any]) -> list[IPAddress]:
     out: list[IPAddress] = []
-    for *_, sockaddr in infos:
+    for *_, sockaddr in answer[0]:
         ip = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])  # an IPv6 zone is not part of it
         if ip not in out:
             out.append(ip)
@@ -127,7 +121,7 @@ def host_port(url: str) -> tuple[str, int]:
     return parts.hostname, port
 
 
-def checked_address(url: str, *, allow_private: bool, timeout: float | None = None, owner: str = "") -> str:
+def checked_address(url: str, *, allow_private: bool, timeout: float, owner: str) -> str:
     """The address to connect to for `url`: its host resolved (`timeout`, `owner`: see resolve), each
     address checked (AddressRefused naming the first refused one; socket.gaierror when the host does not
     resolve, LookupFailed); `allow_private`: no check."""

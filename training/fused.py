@@ -100,10 +100,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 def rope_grad(grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """d loss / d x, as autograd derives it from rope's ops: each product's gradient in x's dtype, the
-    second one rotated back (rotate_half's transpose: [y1, y2] -> [y2, -y1]), summed."""
-    by_sin = (grad * sin).to(dtype)
-    half = by_sin.shape[-1] // 2
-    return (grad * cos).to(dtype) + torch.cat((by_sin[..., half:], -by_sin[..., :half]), dim=-1)
+    second one rotated back (rotate_half's transpose, [y1, y2] -> [y2, -y1], is -rotate_half), summed."""
+    return (grad * cos).to(dtype) - rotate_half((grad * sin).to(dtype))
 
 
 Gate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
