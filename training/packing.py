@@ -17,16 +17,20 @@ forwards to its attention. `ftune_packed`, registered with transformers' Attenti
 A batch without bounds is one sequence per row, right-padded at most: plain causal SDPA with no mask, as
 no real token attends to a later position, so padding is never seen (its labels are -100). That is why
 no mask function is registered: transformers then builds no mask and makes no host sync for one, and
-SDPA takes its flash kernel on CUDA. (Left padding is never made by ftune's collation.)
+SDPA takes its flash kernel on CUDA. (Left padding is never made by ftune's collation.) Generation is
+another matter: a batch of left-padded prompts, and a cache longer than what it holds, need transformers'
+padding mask, so rollouts generate under `masked_attention` (SDPA with its masks for that while).
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from itertools import pairwise
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -232,6 +236,22 @@ def register() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTN_NAME, packed_attention)
+
+
+@contextmanager
+def masked_attention(model: Any) -> Iterator[None]:
+    """transformers' SDPA, masks and all, for a model loaded with ftune_packed (peft's wrapper or not),
+    until the block ends: generate() pads prompts on the left, which ftune_packed, given no mask, would
+    attend to. Any other attention is left as it is."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(base.config, "_attn_implementation", None) != ATTN_NAME:
+        yield
+        return
+    base.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        base.set_attn_implementation(ATTN_NAME)
 
 
 def attn_implementation(attn: str, packing: bool) -> str:

@@ -8,9 +8,11 @@ dropped (over_length drop).
 
 Rollouts are batched generate() calls with the KV cache: `num_generations` samples of each prompt at
 the spec's temperature (no top-k or top-p filter, as TRL's defaults), up to max_completion_tokens new
-tokens, ending at EOS. The sampling RNG is forked and seeded from (seed, step, chunk), so a step's
-samples are a pure function of the weights and the step: a resumed run samples what an uninterrupted
-one would have.
+tokens, ending at EOS. The KV cache grows as they do; `cache="static"` (bench/rollouts_decode.py) takes
+one of the whole length, with which transformers compiles the decoding step on CUDA (CUDA graphs): not
+timed on a GPU yet, so not the engine's. The sampling RNG is forked and seeded from (seed, step, chunk),
+so a step's samples are a pure function of the weights and the step: a resumed run samples what an
+uninterrupted one would have.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from core.data.examples import read_prompts
 from training.data import IGNORE, DatasetError, Tokenized, token_stats
+from training.packing import masked_attention
 from training.samples import chat_prompt_ids
 
 
@@ -111,6 +114,7 @@ def sample(
     device: torch.device,
     autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
     chunk: int = 8,
+    cache: Literal["dynamic", "static"] = "dynamic",
 ) -> list[list[Completion]]:
     """`n` sampled completions of each prompt (temperature 0: greedy), `chunk` prompts per generate()
     call; seeded by `seed` (e.g. (spec seed, step)). In eval mode (no dropout), the caller's mode kept."""
@@ -123,9 +127,9 @@ def sample(
     try:
         for k, start in enumerate(range(0, len(prompts), chunk)):
             part = prompts[start : start + chunk]
-            with torch.random.fork_rng(devices=rng_devices), autocast():
+            with torch.random.fork_rng(devices=rng_devices), autocast(), masked_attention(model):
                 torch.manual_seed(_seed(seed, k))
-                new = _generate(model, part, n, temperature, max_new_tokens, stops, pad, device)
+                new = _generate(model, part, n, temperature, max_new_tokens, stops, pad, device, cache)
             for i in range(len(part)):
                 out.append([_completion(row, stops, tokenizer) for row in new[i * n : (i + 1) * n]])
     finally:
@@ -148,6 +152,7 @@ def _generate(
     stops: set[int],
     pad: int,
     device: torch.device,
+    cache: Literal["dynamic", "static"],
 ) -> list[list[int]]:
     """The new tokens of each of n samples of each prompt (left-padded into one batch), prompt-major."""
     width = max(len(p) for p in prompts)
@@ -169,6 +174,7 @@ def _generate(
         eos_token_id=sorted(stops),
         pad_token_id=pad,
         use_cache=True,  # load_model turns the cache off for training
+        **({"cache_implementation": "static"} if cache == "static" else {}),
         **sampling,
     )
     return result[:, width:].tolist()

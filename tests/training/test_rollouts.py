@@ -1,0 +1,57 @@
+"""training.rollouts.sample: a chunk of prompts of different lengths (left-padded into one batch) answers
+each prompt as it would alone, as transformers' own generate() of the base model does, with the growing
+KV cache and with a static one (bench/rollouts_decode.py's other row); seeded samples repeat."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.spec import JobSpec
+from training.model import load_model
+from training.packing import ATTN_NAME
+from training.rollouts import sample
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model: Path):
+    """A fresh adapter (lora_B zero: the base model's answers), in float64: a random model's logits are
+    near ties, which rounding would decide."""
+    torch.manual_seed(0)
+    model = load_model(JobSpec(base_model="tiny", dataset_id="testdata01", lora_dropout=0.0), tiny_model, CPU)
+    assert model.get_base_model().config._attn_implementation == ATTN_NAME  # training's, without masks
+    return model.double()
+
+
+def answers(model, tokenizer, prompts, cache: str, temperature: float = 0.0, n: int = 1) -> list[list[int]]:
+    groups = sample(
+        model, tokenizer, prompts, n=n, temperature=temperature, max_new_tokens=12, seed=(1, 2), device=CPU,
+        chunk=len(prompts), cache=cache,
+    )  # fmt: skip
+    return [c.ids for group in groups for c in group]
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_a_padded_chunk_answers_each_prompt_as_alone(policy, tokenizer, tiny_model: Path, cache: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    prompts = [tokenizer("Say something")["input_ids"], tokenizer("Count to three please now")["input_ids"]]
+    assert len(prompts[0]) < len(prompts[1])
+    together = answers(policy, tokenizer, prompts, cache)
+    assert together == [answers(policy, tokenizer, [p], cache)[0] for p in prompts]
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="sdpa").double()
+    assert together == [answers(base, tokenizer, [p], "dynamic")[0] for p in prompts]
+    assert all(len(ids) > 2 for ids in together)  # not ended at once
+    assert policy.get_base_model().config._attn_implementation == ATTN_NAME  # training's again
+
+
+def test_seeded_samples_with_a_static_cache_repeat(policy, tokenizer) -> None:
+    prompts = [tokenizer("Say something")["input_ids"], tokenizer("Count to three please now")["input_ids"]]
+    sampled = answers(policy, tokenizer, prompts, "static", temperature=1.0, n=3)
+    assert answers(policy, tokenizer, prompts, "static", temperature=1.0, n=3) == sampled
+    assert all(1 <= len(ids) <= 12 for ids in sampled)
+    assert len({tuple(ids) for ids in sampled}) > 1
