@@ -14,7 +14,9 @@
 # 4. bench/gpu_check.py --steps 8 (the planner against the engine), under a timeout;
 # 5. bench/gpu_vs_trl.py (ftune against TRL's SFTTrainer), under a timeout, reusing gpu_check's model;
 #    CKPT=1 adds a second pass with gradient checkpointing on, if time is left;
-# 6. GRPO=1: bench/gpu_grpo.py --steps 3 (objective grpo: its phases and the planner), if time is left.
+# 6. GRPO=1: bench/rollouts_decode.py (ms per decoding step: the engine's rollouts against transformers
+#    alone, and with a static cache, which transformers compiles with CUDA graphs) and bench/gpu_grpo.py
+#    --steps 3 (objective grpo: its phases and the planner), if time is left.
 # Everything goes to $OUT/log.txt; results to $OUT/gpu_check.json, $OUT/gpu_vs_trl.json
 # ($OUT/gpu_vs_trl_ckpt.json, $OUT/gpu_grpo.json), $OUT/run_details.json (each gpu_vs_trl run's step records) and
 # $OUT/runs_tail.txt (the end of each of its training processes' logs).
@@ -104,6 +106,10 @@ EOF
   fi
 
   if [ "${GRPO:-0}" = 1 ] && (($(left) > 120)); then
+    t=$(part_timeout 150 100)
+    echo "== bench/rollouts_decode.py --repeats 1 (timeout ${t}s) at ${SECONDS}s"
+    timeout -k 10 "$t" python3 bench/rollouts_decode.py --repeats 1
+    echo "rollouts_decode exit $? at ${SECONDS}s"
     t=$(part_timeout 240 10)
     echo "== bench/gpu_grpo.py --steps 3 (timeout ${t}s) at ${SECONDS}s"
     timeout -k 15 "$t" python3 bench/gpu_grpo.py --steps 3 --keep "$WORK/grpo" --json "$OUT/gpu_grpo.json"

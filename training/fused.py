@@ -246,6 +246,17 @@ class FusedRope(torch.autograd.Function):
         return g.reshape(b, s, h, d).transpose(1, 2), None, None, None
 
 
+# Where an installed forward runs the module's own code instead: inside torch.compile (the compiler fuses
+# that code itself, and the functions here would break its graph), and in a no-grad call on fewer tokens
+# than this (decoding: one new token of each sequence), where nothing is kept for a backward and a
+# compiled call's guards and launch cost more than its few small kernels (bench/rollouts_decode.py).
+NO_GRAD_MIN_TOKENS = 1024
+
+
+def _own_code(tokens: int) -> bool:
+    return torch.compiler.is_compiling() or (tokens < NO_GRAD_MIN_TOKENS and not torch.is_grad_enabled())
+
+
 # Whether the rotary embedding is fused in the forward running now, and compiled (set by the attention
 # forwards install makes; None outside them): the family's function is module-level, shared by every model.
 _rope_jit: ContextVar[bool | None] = ContextVar("ftune_fused_rope", default=None)
@@ -266,8 +277,11 @@ def _fused_rotary(original: Callable[..., Any]) -> Callable[..., Any]:
     it computes as the family's does, and the family's `original` otherwise."""
 
     def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return original(q, k, cos, sin, *args, **kwargs)
         jit = _rope_jit.get()
-        if jit is None or args or kwargs.get("unsqueeze_dim", 1) != 1 or not _fits(q, k, cos, sin):
+        own = jit is None or args or kwargs.get("unsqueeze_dim", 1) != 1 or not _fits(q, k, cos, sin)
+        if own or _own_code(q.shape[0] * q.shape[2]):  # q: [batch, heads, positions, head_dim]
             return original(q, k, cos, sin, *args, **kwargs)
         return FusedRope.apply(q, cos, sin, jit), FusedRope.apply(k, cos, sin, jit)
 
@@ -296,6 +310,8 @@ def install(model: torch.nn.Module, device: torch.device, jit: bool | None = Non
 
 def _norm_forward(jit: bool) -> Callable[[Any, torch.Tensor], torch.Tensor]:
     def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+        if _own_code(x.numel() // x.shape[-1]):
+            return type(self).forward(self, x)
         return FusedRMSNorm.apply(x, self.weight, self.variance_epsilon, jit)
 
     return forward
@@ -303,6 +319,8 @@ def _norm_forward(jit: bool) -> Callable[[Any, torch.Tensor], torch.Tensor]:
 
 def _mlp_forward(kind: str, jit: bool) -> Callable[[Any, torch.Tensor], torch.Tensor]:
     def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+        if _own_code(x.numel() // x.shape[-1]):
+            return type(self).forward(self, x)
         return self.down_proj(FusedGate.apply(self.gate_proj(x), self.up_proj(x), kind, jit))
 
     return forward
@@ -312,6 +330,8 @@ def _attention_forward(own: Callable[..., Any], jit: bool) -> Callable[..., Any]
     """The attention's own forward, its rotary embedding fused (see _fused_rotary)."""
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # a ContextVar breaks the graph; the compiler fuses the rotation
+            return own(*args, **kwargs)
         token = _rope_jit.set(jit)
         try:
             return own(*args, **kwargs)

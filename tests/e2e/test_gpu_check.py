@@ -62,3 +62,22 @@ def test_the_fused_ops_bench_runs_on_a_cpu_and_prints_both_sides() -> None:
         assert row[-2:] == ["0.0", "MiB"] and float(row[-4]) > 0, row  # eager keeps new tensors, fused none
     rotary = [line.split() for line in done.stdout.splitlines() if line.startswith("rotary")]
     assert len(rotary) == 1 and rotary[0][-4:] == ["0.0", "MiB", "0.0", "MiB"], done.stdout  # cos, sin only
+
+
+def test_the_rollouts_decode_bench_runs_on_a_cpu_and_prints_each_row() -> None:
+    """bench/rollouts_decode.py on this CPU with 2 layers and 8 tokens: a time per decoding step for each
+    way of sampling, side by side."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "rollouts_decode.py"), "--layers", "2", "--tokens", "8",
+         "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    labels = ("transformers alone", "engine, fused always", "engine (now)", "engine, static cache")
+    rows = [line for line in done.stdout.splitlines() if line.startswith(labels)]
+    assert len(rows) == 4, done.stdout
+    for row in rows:
+        ms, steps = row.split()[-3:-1]
+        assert float(ms) > 0 and 1 <= int(steps) <= 8, row

@@ -153,8 +153,7 @@ def test_the_fused_modules_are_those_the_planner_counts(tmp_path: Path, family: 
     assert counts["ropes"] == 2, counts  # every family here rotates as Llama does (memory: no plan term)
     if counts["norms"] or counts["mlps"] or counts["ropes"]:
         ids = torch.randint(1, 128, (1, 9))
-        with torch.no_grad():
-            got = model(input_ids=ids).logits
+        got = model(input_ids=ids).logits.detach()  # recording autograd: the fused path at any length
         for module in model.modules():  # back to the modules' own forwards
             module.__dict__.pop("forward", None)
         with torch.no_grad():
@@ -197,8 +196,8 @@ def test_other_lengths_and_evaluation_compile_nothing_more(tiny_model: Path) -> 
     graphs = counters["stats"]["unique_graphs"]
     for shape in ((2, 31), (1, 17), (3, 9)):
         _step(fast, torch.randint(1, 1000, shape), autocast=True)
-    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
-        fast(input_ids=torch.randint(1, 1000, (4, 12)))
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):  # fused: as many tokens as that takes
+        fast(input_ids=torch.randint(1, 1000, (4, fused.NO_GRAD_MIN_TOKENS // 4)))
     assert counters["stats"]["unique_graphs"] == graphs
 
 
@@ -255,11 +254,56 @@ def test_the_rotary_embedding_is_fused_only_in_installed_forwards(
     installed, other, partial = tiny(), tiny(), tiny(partial_rotary_factor=0.5)
     fused.install(installed, CPU, jit=False)
     assert fused.install(partial, CPU, jit=False)["ropes"] == 2
-    with torch.no_grad():
-        installed(input_ids=ids)
-        assert len(calls) == 2 * 2  # q and k in each layer
-        want = other(input_ids=ids).logits
-        partial(input_ids=ids)
+    installed(input_ids=ids)  # recording autograd: fused at any length
+    assert len(calls) == 2 * 2  # q and k in each layer
+    want = other(input_ids=ids).logits.detach()
+    partial(input_ids=ids)
     assert len(calls) == 2 * 2
+    assert torch.allclose(installed(input_ids=ids).logits.detach(), want, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 2 * 2 * 2  # two forwards of the installed model
+
+
+def _count_fused_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    calls: list[str] = []
+    for cls in (fused.FusedRMSNorm, fused.FusedGate, fused.FusedRope):
+        apply = cls.apply
+        monkeypatch.setattr(
+            cls, "apply", lambda *a, _apply=apply, _name=cls.__name__: calls.append(_name) or _apply(*a)
+        )
+    return calls
+
+
+def test_a_small_no_grad_call_runs_the_modules_own_code(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoding (a no-grad forward of a token or a few per sequence) runs the modules' own code, bit for bit
+    the model's; a no-grad forward of NO_GRAD_MIN_TOKENS tokens, and any forward that records autograd, the
+    fused functions."""
+    plain, fast = _pair(tiny_model, spec(), jit=False)
+    calls = _count_fused_calls(monkeypatch)
+    decoding = torch.randint(1, 1000, (16, 1))
     with torch.no_grad():
-        assert torch.allclose(installed(input_ids=ids).logits, want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(fast(input_ids=decoding).logits, plain(input_ids=decoding).logits)
+    assert calls == []
+    with torch.no_grad():
+        fast(input_ids=torch.randint(1, 1000, (2, fused.NO_GRAD_MIN_TOKENS // 2)))
+    assert sorted(set(calls)) == ["FusedGate", "FusedRMSNorm", "FusedRope"]
+    calls.clear()
+    fast(input_ids=decoding)
+    assert len(calls) == 5 + 2 + 2 * 2  # norms, gates, q and k of each layer
+
+
+def test_under_torch_compile_the_installed_model_is_one_graph(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside torch.compile (transformers compiles the decoding step of a static cache, on CUDA with CUDA
+    graphs) the installed forwards trace the modules' own code, which the compiler fuses: no graph break
+    (fullgraph=True raises on one), the model's logits."""
+    plain, fast = _pair(tiny_model, spec())
+    calls = _count_fused_calls(monkeypatch)
+    ids = torch.randint(1, 1000, (2, 7))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(fast, fullgraph=True)(input_ids=ids).logits
+        assert torch.allclose(got, plain(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+    assert calls == []

@@ -1,0 +1,147 @@
+"""How fast the engine's rollouts decode (training.rollouts.sample, as objective grpo samples): milliseconds
+per decoding step, side by side, on this machine's device.
+
+    python bench/rollouts_decode.py [--prompts 2] [--generations 8] [--tokens 128] [--compile-cpu] [--layers N]
+
+Rows, each the mean of --repeats timed calls after one untimed (compiling) call:
+  transformers alone       the base model, no LoRA, no ftune layers: generate() itself
+  engine, fused always     the model as training.recipe builds it on CUDA (LoRA, training.lora_add and
+                           training.fused installed), the fused functions on every call (before)
+  engine                   the same, a small no-grad call on the modules' own code (now)
+  engine, static cache     cache="static": on CUDA transformers compiles the decoding step (CUDA graphs);
+                           on a CPU it runs uncompiled unless --compile-cpu
+On a CPU the model is bench/gpu_check.py's 22 layers at a small width (hidden 128), where a step's time
+is mostly the host's work per module, as when a GPU decodes a 1.1B model for a few sequences; on CUDA
+it is gpu_check's 1.1B shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.gpu_check import SHAPE  # noqa: E402
+from bench.gpu_grpo import GRADER, prompts  # noqa: E402
+from core.spec import JobSpec  # noqa: E402
+from training import fused  # noqa: E402
+from training import model as model_lib  # noqa: E402
+from training.demo import DemoSize, build_demo_model  # noqa: E402
+from training.rollouts import load_for_training, sample  # noqa: E402
+
+CPU_SHAPE = {**SHAPE, "hidden_size": 128, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 352}
+
+
+def build(models: Path, device: torch.device, layers: int | None) -> Path:
+    shape = {**(SHAPE if device.type == "cuda" else CPU_SHAPE), **({"num_layers": layers} if layers else {})}
+    size = DemoSize(vocab_size=DemoSize().vocab_size, max_position_embeddings=1024, **shape)
+    return build_demo_model(models, name="rollouts-bench", size=size)
+
+
+def engine(spec: JobSpec, model_dir: Path, device: torch.device) -> Any:
+    """The policy as training.recipe builds it: on CUDA its CUDA paths (fused layers among them); on a CPU
+    the fused layers installed the same way, to time what a GPU's host runs."""
+    net = model_lib.load_model(spec, model_dir, device)
+    if device.type == "cuda":
+        model_lib.use_cuda_paths(net, device, autocast=True)
+    else:
+        fused.install(net, device)
+    return net
+
+
+def timed(call: Callable[[], list[Any]], repeats: int) -> tuple[float, int]:
+    """Mean seconds of a call after an untimed one, and the decoding steps it took (its longest answer)."""
+    call()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        groups = call()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+    return statistics.mean(seconds), max(len(c.ids) for group in groups for c in group)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--generations", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--layers", type=int, help="fewer layers than gpu_check's 22 (a quick check)")
+    parser.add_argument("--compile-cpu", action="store_true", help="compile the static cache's step on a CPU")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    work = Path(tempfile.mkdtemp(prefix="rollouts-decode-"))
+    model_dir = build(work / "models", device, args.layers)
+    spec = JobSpec(
+        base_model="rollouts-bench", dataset_id="benchdata01", objective="grpo", grader=GRADER, max_steps=1,
+        max_seq_len=512, max_completion_tokens=args.tokens, lora_r=16, lora_dropout=0.0,
+        micro_batch_size=args.prompts, num_generations=args.generations,
+    )  # fmt: skip
+    tokenizer = model_lib.load_tokenizer(model_dir)
+    items, _, _ = load_for_training(prompts(work / "prompts.jsonl", args.prompts), tokenizer, spec, None)
+    precision = model_lib.precision_for(spec, device, model_lib.bf16_supported(device))
+
+    def run(net: Any, **kwargs: Any) -> Callable[[], list[Any]]:
+        return lambda: sample(
+            net, tokenizer, [p.input_ids for p in items], n=args.generations, temperature=1.0,
+            max_new_tokens=args.tokens, seed=(1, 1), device=device, autocast=precision.autocast,
+            chunk=args.prompts, **kwargs,
+        )  # fmt: skip
+
+    from transformers import AutoModelForCausalLM
+
+    bare = AutoModelForCausalLM.from_pretrained(model_dir, dtype=model_lib.base_dtype(spec, model_dir)).to(
+        device
+    )
+    net = engine(spec, model_dir, device)
+    if args.compile_cpu and device.type == "cpu":
+        from transformers import CompileConfig
+
+        config = CompileConfig(mode="default")
+        config._compile_all_devices = True  # transformers' own switch for compiling on a CPU
+        net.generation_config.compile_config = config
+
+    def fused_always() -> Callable[[], list[Any]]:
+        call = run(net)
+
+        def with_fused() -> list[Any]:
+            saved, fused.NO_GRAD_MIN_TOKENS = fused.NO_GRAD_MIN_TOKENS, 0
+            try:
+                return call()
+            finally:
+                fused.NO_GRAD_MIN_TOKENS = saved
+
+        return with_fused
+
+    rows = [
+        ("transformers alone", run(bare)),
+        ("engine, fused always (before)", fused_always()),
+        ("engine (now)", run(net)),
+        ("engine, static cache" + (" compiled" if args.compile_cpu or device.type == "cuda" else ""),
+         run(net, cache="static")),
+    ]  # fmt: skip
+    name = (
+        torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    )
+    print(f"{name}: {args.prompts} prompts x {args.generations} generations, up to {args.tokens} tokens")
+    print(f"{'':32} {'ms / step':>10} {'steps':>6} {'seconds':>8}")
+    for label, call in rows:
+        seconds, steps = timed(call, args.repeats)
+        print(f"{label:32} {seconds / steps * 1000:10.2f} {steps:6d} {seconds:8.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
