@@ -17,8 +17,8 @@ is Llama's `down_proj(act_fn(gate_proj(x)) * up_proj(x))` with an activation kno
 family's `apply_rotary_pos_emb` computes Llama's on a probe (that module-level function is replaced by one
 that runs the fused one only inside the forwards installed here, the family's own everywhere else).
 Compiled where torch.compile works on the device (tried once per process); eager otherwise, keeping the
-same tensors. The engine installs them where it trains on CUDA (training.recipe): compiling costs seconds
-per process.
+same tensors. Decoding (a small no-grad call) and code inside torch.compile run the modules' own code.
+The engine installs them where it trains on CUDA (training.recipe): compiling costs seconds per process.
 """
 
 from __future__ import annotations

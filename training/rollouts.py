@@ -6,7 +6,8 @@ the policy answers exactly where a tuned model will. Prompts longer than max_seq
 max_completion_tokens are cut from the left (over_length truncate: the question's end is kept) or
 dropped (over_length drop).
 
-Rollouts are batched generate() calls with the KV cache: `num_generations` samples of each prompt at
+Rollouts are batched generate() calls with the KV cache, the prompts left-padded to the longest, under
+training.packing.masked_attention (SDPA with the padding mask): `num_generations` samples of each prompt at
 the spec's temperature (no top-k or top-p filter, as TRL's defaults), up to max_completion_tokens new
 tokens, ending at EOS. The KV cache grows as they do; `cache="static"` (bench/rollouts_decode.py) takes
 one of the whole length, with which transformers compiles the decoding step on CUDA (CUDA graphs): not
