@@ -1,7 +1,7 @@
 """Objective grpo on a CUDA GPU: it runs, how its step splits into sampling / grading / training, and the
 planner against the allocator, for a few configs of bench/gpu_check.py's 1.1B Llama shape (random weights).
 
-    python bench/gpu_grpo.py [--steps 4] [--keep DIR]
+    python bench/gpu_grpo.py [--steps 4] [--keep DIR] [--models DIR]
 
 Each config is one `python -m training.run` process (as a worker runs a job) of an exact-match
 string_check grader on synthetic prompts; printed side by side: the plan's allocated and reserved peaks (the
@@ -120,11 +120,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--keep", type=Path)
+    parser.add_argument("--models", type=Path, help="where gpu_check.py built its model (else built here)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--phases", action="store_true", help="only where the peak comes from (CUDA)")
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="gpu-grpo-"))
-    model = build_model(work / "models")
+    model = build_model(args.models or work / "models")
     data = prompts(work / "prompts.jsonl", 64)
     if args.phases:
         for micro in (2, 4):

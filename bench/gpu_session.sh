@@ -14,6 +14,7 @@
 # 4. bench/gpu_check.py --steps 8 (the planner against the engine), under a timeout;
 # 5. bench/gpu_vs_trl.py (ftune against TRL's SFTTrainer), under a timeout, reusing gpu_check's model;
 #    CKPT=1 adds a second pass with gradient checkpointing on, if time is left;
+#    (SFT=0 leaves steps 4 and 5 out.)
 # 6. GRPO=1: bench/rollouts_decode.py (ms per decoding step: the engine's rollouts against transformers
 #    alone, and with a static cache, which transformers compiles with CUDA graphs) and bench/gpu_grpo.py
 #    --steps 3 (objective grpo: its phases and the planner), if time is left.
@@ -84,35 +85,38 @@ EOF
     echo "fused_ops exit $? at ${SECONDS}s"
   fi
 
-  t=$(part_timeout 200 "${VS_RESERVE:-240}")
-  echo "== bench/gpu_check.py --steps 8 (timeout ${t}s) at ${SECONDS}s"
-  timeout -k 15 "$t" python3 bench/gpu_check.py --steps 8 --keep "$WORK/check" | tee "$WORK/gpu_check.out"
-  echo "gpu_check exit ${PIPESTATUS[0]} at ${SECONDS}s"
-  grep '^\[{"config"' "$WORK/gpu_check.out" | tail -1 > "$OUT/gpu_check.json"
+  if [ "${SFT:-1}" = 1 ]; then  # SFT=0: leave gpu_check and gpu_vs_trl out (e.g. GRPO=1 SFT=0: grpo only)
+    t=$(part_timeout 200 "${VS_RESERVE:-240}")
+    echo "== bench/gpu_check.py --steps 8 (timeout ${t}s) at ${SECONDS}s"
+    timeout -k 15 "$t" python3 bench/gpu_check.py --steps 8 --keep "$WORK/check" | tee "$WORK/gpu_check.out"
+    echo "gpu_check exit ${PIPESTATUS[0]} at ${SECONDS}s"
+    grep '^\[{"config"' "$WORK/gpu_check.out" | tail -1 > "$OUT/gpu_check.json"
 
-  t=$(part_timeout 330 10)
-  echo "== bench/gpu_vs_trl.py (timeout ${t}s) at ${SECONDS}s"
-  timeout -k 15 "$t" python3 bench/gpu_vs_trl.py --keep "$WORK/vs" --models "$WORK/check/models" \
-    --budget $((t - 25)) --run-timeout 120 --json-out "$OUT/gpu_vs_trl.json"
-  echo "gpu_vs_trl exit $? at ${SECONDS}s"
-
-  if [ "${CKPT:-0}" = 1 ] && (($(left) > 150)); then
     t=$(part_timeout 330 10)
-    echo "== bench/gpu_vs_trl.py --checkpointing (timeout ${t}s) at ${SECONDS}s"
-    timeout -k 15 "$t" python3 bench/gpu_vs_trl.py --checkpointing --keep "$WORK/vs-ckpt" \
-      --models "$WORK/check/models" --budget $((t - 25)) --run-timeout 120 \
-      --json-out "$OUT/gpu_vs_trl_ckpt.json"
-    echo "gpu_vs_trl --checkpointing exit $? at ${SECONDS}s"
+    echo "== bench/gpu_vs_trl.py (timeout ${t}s) at ${SECONDS}s"
+    timeout -k 15 "$t" python3 bench/gpu_vs_trl.py --keep "$WORK/vs" --models "$WORK/check/models" \
+      --budget $((t - 25)) --run-timeout 120 --json-out "$OUT/gpu_vs_trl.json"
+    echo "gpu_vs_trl exit $? at ${SECONDS}s"
+
+    if [ "${CKPT:-0}" = 1 ] && (($(left) > 150)); then
+      t=$(part_timeout 330 10)
+      echo "== bench/gpu_vs_trl.py --checkpointing (timeout ${t}s) at ${SECONDS}s"
+      timeout -k 15 "$t" python3 bench/gpu_vs_trl.py --checkpointing --keep "$WORK/vs-ckpt" \
+        --models "$WORK/check/models" --budget $((t - 25)) --run-timeout 120 \
+        --json-out "$OUT/gpu_vs_trl_ckpt.json"
+      echo "gpu_vs_trl --checkpointing exit $? at ${SECONDS}s"
+    fi
   fi
 
   if [ "${GRPO:-0}" = 1 ] && (($(left) > 120)); then
     t=$(part_timeout 150 100)
     echo "== bench/rollouts_decode.py --repeats 1 (timeout ${t}s) at ${SECONDS}s"
-    timeout -k 10 "$t" python3 bench/rollouts_decode.py --repeats 1
+    timeout -k 10 "$t" python3 bench/rollouts_decode.py --repeats 1 --models "$WORK/check/models"
     echo "rollouts_decode exit $? at ${SECONDS}s"
     t=$(part_timeout 240 10)
     echo "== bench/gpu_grpo.py --steps 3 (timeout ${t}s) at ${SECONDS}s"
-    timeout -k 15 "$t" python3 bench/gpu_grpo.py --steps 3 --keep "$WORK/grpo" --json "$OUT/gpu_grpo.json"
+    timeout -k 15 "$t" python3 bench/gpu_grpo.py --steps 3 --keep "$WORK/grpo" --models "$WORK/check/models" \
+      --json "$OUT/gpu_grpo.json"
     echo "gpu_grpo exit $? at ${SECONDS}s"
   fi
 

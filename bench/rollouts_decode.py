@@ -2,7 +2,7 @@
 per decoding step, side by side, on this machine's device.
 
     python bench/rollouts_decode.py [--prompts 2] [--generations 8] [--tokens 128] [--layers N]
-                                    [--repeats 2] [--compile-cpu]
+                                    [--repeats 2] [--compile-cpu] [--models DIR]
 
 Rows, each the mean of --repeats timed calls after one untimed (compiling) call:
   transformers alone       the base model, no LoRA, no ftune layers: generate() itself
@@ -13,7 +13,7 @@ Rows, each the mean of --repeats timed calls after one untimed (compiling) call:
                            on a CPU it runs uncompiled unless --compile-cpu
 On a CPU the model is bench/gpu_check.py's 22 layers at a small width (hidden 128), where a step's time
 is mostly the host's work per module, as when a GPU decodes a 1.1B model for a few sequences; on CUDA
-it is gpu_check's 1.1B shape.
+it is gpu_check's 1.1B model (the one it built in --models, if it did).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.gpu_check import SHAPE  # noqa: E402
+from bench.gpu_check import SHAPE, build_model  # noqa: E402
 from bench.gpu_grpo import GRADER, prompts  # noqa: E402
 from core.spec import JobSpec  # noqa: E402
 from training import fused  # noqa: E402
@@ -44,9 +44,11 @@ CPU_SHAPE = {**SHAPE, "hidden_size": 128, "num_heads": 4, "num_kv_heads": 2, "in
 
 
 def build(models: Path, device: torch.device, layers: int | None) -> Path:
+    if device.type == "cuda" and not layers:
+        return build_model(models)
     shape = {**(SHAPE if device.type == "cuda" else CPU_SHAPE), **({"num_layers": layers} if layers else {})}
     size = DemoSize(vocab_size=DemoSize().vocab_size, max_position_embeddings=1024, **shape)
-    return build_demo_model(models, name="rollouts-bench", size=size)
+    return build_demo_model(models, name=f"rollouts-bench-{device.type}-{shape['num_layers']}", size=size)
 
 
 def engine(spec: JobSpec, model_dir: Path, device: torch.device) -> Any:
@@ -80,11 +82,12 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--layers", type=int, help="fewer layers than gpu_check's 22 (a quick check)")
+    parser.add_argument("--models", type=Path, help="a models directory to build in, or reuse (gpu_check's)")
     parser.add_argument("--compile-cpu", action="store_true", help="compile the static cache's step on a CPU")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     work = Path(tempfile.mkdtemp(prefix="rollouts-decode-"))
-    model_dir = build(work / "models", device, args.layers)
+    model_dir = build(args.models or work / "models", device, args.layers)
     spec = JobSpec(
         base_model="rollouts-bench", dataset_id="benchdata01", objective="grpo", grader=GRADER, max_steps=1,
         max_seq_len=512, max_completion_tokens=args.tokens, lora_r=16, lora_dropout=0.0,
