@@ -125,6 +125,7 @@ def main() -> int:
     parser.add_argument("--phases", action="store_true", help="only where the peak comes from (CUDA)")
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="gpu-grpo-"))
+    work.mkdir(parents=True, exist_ok=True)
     model = build_model(args.models or work / "models")
     data = prompts(work / "prompts.jsonl", 64)
     if args.phases:

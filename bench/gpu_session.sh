@@ -4,6 +4,11 @@
 #
 #     bash bench/gpu_session.sh
 #
+# or in two device calls on the same machine, the second reusing the first's 1.1B model:
+#
+#     WORK=/tmp/ftune-gpu bash bench/gpu_session.sh
+#     WORK=/tmp/ftune-gpu KERNELS=0 SFT=0 GRPO=1 bash bench/gpu_session.sh
+#
 # .whl/ is git-ignored (.git/info/exclude): a device call must carry it (carry: [".whl"]).
 # 1. installs the wheels in .whl/ (what that python lacks: pydantic and its parts, pydantic-settings,
 #    trl, datasets, dill, multiprocess, bitsandbytes; downloaded beforehand, nothing is fetched here)
@@ -27,7 +32,9 @@ WHL=${WHL:-.whl}      # the wheels to install
 SITE=${SITE:-/tmp/site}  # where they go
 TOTAL=${TOTAL:-530}  # seconds for all of it: each part's timeout comes out of what is left
 mkdir -p "$OUT"
-WORK=$(mktemp -d /tmp/ftune-gpu-session-XXXXXX)
+# WORK: where models and runs go; name one to reuse its 1.1B model in a later call on the same machine
+WORK=${WORK:-$(mktemp -d /tmp/ftune-gpu-session-XXXXXX)}
+mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 left() { echo $((TOTAL - SECONDS)); }
