@@ -277,7 +277,7 @@ def _fused_rotary(original: Callable[..., Any]) -> Callable[..., Any]:
     it computes as the family's does, and the family's `original` otherwise."""
 
     def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():  # before the ContextVar, whose get() would break the graph
             return original(q, k, cos, sin, *args, **kwargs)
         jit = _rope_jit.get()
         own = jit is None or args or kwargs.get("unsqueeze_dim", 1) != 1 or not _fits(q, k, cos, sin)

@@ -18,8 +18,8 @@ uninterrupted one would have.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -119,23 +119,31 @@ def sample(
 ) -> list[list[Completion]]:
     """`n` sampled completions of each prompt (temperature 0: greedy), `chunk` prompts per generate()
     call; seeded by `seed` (e.g. (spec seed, step)). In eval mode (no dropout), the caller's mode kept."""
-    was_training = model.training
-    model.eval()
     stops = stop_ids(tokenizer, model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stops, default=0)
     rng_devices = [device] if device.type == "cuda" else []
     out: list[list[Completion]] = []
-    try:
+    with _sampling(model):
         for k, start in enumerate(range(0, len(prompts), chunk)):
             part = prompts[start : start + chunk]
-            with torch.random.fork_rng(devices=rng_devices), autocast(), masked_attention(model):
+            with torch.random.fork_rng(devices=rng_devices), autocast():
                 torch.manual_seed(_seed(seed, k))
                 new = _generate(model, part, n, temperature, max_new_tokens, stops, pad, device, cache)
             for i in range(len(part)):
                 out.append([_completion(row, stops, tokenizer) for row in new[i * n : (i + 1) * n]])
+    return out
+
+
+@contextmanager
+def _sampling(model: Any) -> Iterator[None]:
+    """Eval mode (no dropout) and masked attention for the block, then the caller's mode again."""
+    was_training = model.training
+    model.eval()
+    try:
+        with masked_attention(model):
+            yield
     finally:
         model.train(was_training)
-    return out
 
 
 def _seed(parts: Sequence[int], k: int) -> int:
@@ -175,7 +183,7 @@ def _generate(
         eos_token_id=sorted(stops),
         pad_token_id=pad,
         use_cache=True,  # load_model turns the cache off for training
-        **({"cache_implementation": "static"} if cache == "static" else {}),
+        cache_implementation=None if cache == "dynamic" else cache,  # None: generate()'s growing cache
         **sampling,
     )
     return result[:, width:].tolist()

@@ -27,6 +27,19 @@ def policy(tiny_model: Path):
     return model.double()
 
 
+@pytest.fixture
+def static_updates(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the writes into a static KV cache: cache="static" is really taken."""
+    from transformers.cache_utils import StaticCache
+
+    calls: list[int] = []
+    update = StaticCache.update
+    monkeypatch.setattr(
+        StaticCache, "update", lambda self, *a, **kw: calls.append(1) or update(self, *a, **kw)
+    )
+    return calls
+
+
 def answers(model, tokenizer, prompts, cache: str, temperature: float = 0.0, n: int = 1) -> list[list[int]]:
     groups = sample(
         model, tokenizer, prompts, n=n, temperature=temperature, max_new_tokens=12, seed=(1, 2), device=CPU,
@@ -36,12 +49,15 @@ def answers(model, tokenizer, prompts, cache: str, temperature: float = 0.0, n: 
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
-def test_a_padded_chunk_answers_each_prompt_as_alone(policy, tokenizer, tiny_model: Path, cache: str) -> None:
+def test_a_padded_chunk_answers_each_prompt_as_alone(
+    policy, tokenizer, tiny_model: Path, cache: str, static_updates: list[int]
+) -> None:
     from transformers import AutoModelForCausalLM
 
     prompts = [tokenizer("Say something")["input_ids"], tokenizer("Count to three please now")["input_ids"]]
     assert len(prompts[0]) < len(prompts[1])
     together = answers(policy, tokenizer, prompts, cache)
+    assert bool(static_updates) == (cache == "static")
     assert together == [answers(policy, tokenizer, [p], cache)[0] for p in prompts]
     base = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="sdpa").double()
     assert together == [answers(base, tokenizer, [p], "dynamic")[0] for p in prompts]
@@ -49,9 +65,10 @@ def test_a_padded_chunk_answers_each_prompt_as_alone(policy, tokenizer, tiny_mod
     assert policy.get_base_model().config._attn_implementation == ATTN_NAME  # training's again
 
 
-def test_seeded_samples_with_a_static_cache_repeat(policy, tokenizer) -> None:
+def test_seeded_samples_with_a_static_cache_repeat(policy, tokenizer, static_updates: list[int]) -> None:
     prompts = [tokenizer("Say something")["input_ids"], tokenizer("Count to three please now")["input_ids"]]
     sampled = answers(policy, tokenizer, prompts, "static", temperature=1.0, n=3)
+    assert static_updates
     assert answers(policy, tokenizer, prompts, "static", temperature=1.0, n=3) == sampled
     assert all(1 <= len(ids) <= 12 for ids in sampled)
     assert len({tuple(ids) for ids in sampled}) > 1
