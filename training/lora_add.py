@@ -16,6 +16,8 @@ from types import MethodType
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch.nn.modules import module as torch_module
 
 
 def install(model: torch.nn.Module) -> int:
@@ -32,27 +34,52 @@ def install(model: torch.nn.Module) -> int:
 
 
 def _forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    # Host time counts here: decoding a few rows on a GPU waits on the host's work per module (154 LoRA
+    # layers a step in a 22-layer model), so the checks read peft's state directly and the linears are
+    # called as functions, not modules (bench/rollouts_decode.py).
     names = self.active_adapters
     name = names[0] if len(names) == 1 else None
+    lora_A = self.lora_A._modules.get(name)
     if (
         args
         or kwargs
-        or name is None
-        or self.disable_adapters
-        or self.merged
-        or name not in self.lora_A
+        or lora_A is None  # several active adapters, or none of this name here
+        or self._disable_adapters
+        or self.merged_adapters
         or name in self.lora_variant
-        or self.lora_B[name].bias is not None
+        or self.lora_bias.get(name)
         # without autocast the update is in the adapter's dtype: peft adds it to the base output in the
         # wider of the two
-        or not (torch.is_autocast_enabled(x.device.type) or self.lora_A[name].weight.dtype == x.dtype)
+        or not (torch.is_autocast_enabled(x.device.type) or lora_A.weight.dtype == x.dtype)
+        or _hooked(self.base_layer, lora_A, self.lora_B[name])  # its hooks run where peft calls them
     ):
         return type(self).forward(self, x, *args, **kwargs)
-    lora_A, lora_B = self.lora_A[name], self.lora_B[name]
-    update = lora_A(self.lora_dropout[name](self._cast_input_dtype(x, lora_A.weight.dtype)))
+    base, dropout = self.base_layer, self.lora_dropout[name]
     # the base linear on the flattened input: its output is then no view, and the in-place add records
     # one AddmmBackward, no copy of the output for a view's history
-    result = self.base_layer(x.reshape(-1, x.shape[-1]))
-    weight = lora_B.weight.to(result.dtype)  # what autocast would cast it to
-    result.addmm_(update.reshape(-1, update.shape[-1]), weight.t(), alpha=self.scaling[name])
+    flat = x.reshape(-1, x.shape[-1])
+    result = F.linear(flat, base.weight, base.bias) if type(base) is torch.nn.Linear else base(flat)
+    h = self._cast_input_dtype(flat, lora_A.weight.dtype)
+    if type(dropout) is not torch.nn.Identity:
+        h = dropout(h)
+    update = F.linear(h, lora_A.weight)  # lora_A is a Linear without bias (peft's)
+    b = self.lora_B[name].weight
+    if b.dtype != result.dtype:
+        b = b.to(result.dtype)  # as autocast casts it
+    result.addmm_(update, b.t(), alpha=self.scaling[name])
     return result.view(*x.shape[:-1], result.shape[-1])
+
+
+def _hooked(*modules: torch.nn.Module) -> bool:
+    """Whether a module call of any of `modules` would run a hook: their own or a global one."""
+    if (
+        torch_module._global_forward_hooks
+        or torch_module._global_forward_pre_hooks
+        or torch_module._global_backward_hooks
+        or torch_module._global_backward_pre_hooks
+    ):
+        return True
+    for m in modules:  # a loop, not any(): a generator's setup is host time on every call
+        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
+            return True
+    return False

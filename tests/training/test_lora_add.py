@@ -74,3 +74,27 @@ def test_installed_on_every_plain_lora_linear_and_peft_takes_what_it_does_not_co
         with model.disable_adapter():
             assert torch.equal(model(input_ids=ids).logits, base)
     assert not torch.allclose(base, tuned, rtol=1e-3, atol=1e-3)  # the adapters do change the output
+
+
+def test_a_base_layer_with_hooks_is_called_as_a_module(tiny_model: Path) -> None:
+    """The fused forward calls the linears as functions (a module call is host time), so where one of them
+    has a hook, or a global module hook is set, peft's forward runs: the hooks run where peft calls them."""
+    spec = JobSpec(base_model="tiny", dataset_id="testdata01", lora_dropout=0.0)
+    model = load_model(spec, tiny_model, torch.device("cpu"))
+    layer = next(m for m in model.modules() if "forward" in m.__dict__)
+    ids = torch.randint(1, 1000, (1, 12), generator=torch.Generator().manual_seed(3))
+    seen: list[str] = []
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        handle = layer.base_layer.register_forward_hook(lambda m, i, o: (seen.append("own"), o * 2)[1])
+        doubled = model(input_ids=ids).logits
+        handle.remove()
+        handle = torch.nn.modules.module.register_module_forward_hook(
+            lambda m, i, o: seen.append(type(m).__name__)
+        )
+        model(input_ids=ids)
+        handle.remove()
+        assert torch.equal(model(input_ids=ids).logits, plain)
+    assert seen.count("own") == 1 and not torch.allclose(doubled, plain)
+    # each peft LoRA Linear (its class is named Linear too), its base, lora_A and lora_B; the lm_head
+    assert seen.count("Linear") == 2 * 7 * 4 + 1
