@@ -59,10 +59,10 @@ def _forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Ten
     # one AddmmBackward, no copy of the output for a view's history
     flat = x.reshape(-1, x.shape[-1])
     result = F.linear(flat, base.weight, base.bias) if type(base) is torch.nn.Linear else base(flat)
-    h = self._cast_input_dtype(flat, lora_A.weight.dtype)
+    h = self._cast_input_dtype(x, lora_A.weight.dtype)
     if type(dropout) is not torch.nn.Identity:
-        h = dropout(h)
-    update = F.linear(h, lora_A.weight)  # lora_A is a Linear without bias (peft's)
+        h = dropout(h)  # on the input's shape: training.dropout's masks are laid out by its rows
+    update = F.linear(h.reshape(-1, h.shape[-1]), lora_A.weight)  # lora_A: a Linear without bias (peft's)
     b = self.lora_B[name].weight
     if b.dtype != result.dtype:
         b = b.to(result.dtype)  # as autocast casts it
