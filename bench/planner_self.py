@@ -63,12 +63,14 @@ GRID: list[tuple[str, bool, str, bool, int, int, int]] = [
 # objective grpo on bench/gpu_grpo.py's prompts and exact-match grader (sampled at temperature 1): prompts
 # of 20-97 tokens, so the plan from the data's longest prompt and the worst case (every prompt
 # max_seq_len - max_completion_tokens) part
-# method, checkpointing, micro-batch (prompts), generations, max_seq_len, max_completion_tokens, beta
-GRPO_GRID: list[tuple[str, bool, int, int, int, int, float]] = [
-    ("lora", False, 2, 4, 256, 32, 0.0),
-    ("lora", False, 2, 8, 512, 64, 0.04),
-    ("lora", True, 4, 4, 1024, 32, 0.0),
-    ("qlora", False, 1, 8, 256, 64, 0.0),
+# method, checkpointing, micro-batch (prompts), accumulation, generations, max_seq_len,
+# max_completion_tokens, beta; a step's prompts (micro x accumulation) are sampled in one generate() call
+GRPO_GRID: list[tuple[str, bool, int, int, int, int, int, float]] = [
+    ("lora", False, 2, 1, 4, 256, 32, 0.0),
+    ("lora", False, 2, 1, 8, 512, 64, 0.04),
+    ("lora", True, 4, 1, 4, 1024, 32, 0.0),
+    ("qlora", False, 1, 1, 8, 256, 64, 0.0),
+    ("lora", False, 1, 4, 8, 256, 64, 0.0),
 ]
 
 
@@ -82,10 +84,11 @@ def configs(steps: int) -> list[tuple[str, JobSpec, int]]:
             max_seq_len=seq, num_gpus=procs, max_steps=steps, checkpoint_every_steps=0, mixed_precision="no",
         )  # fmt: skip
         out.append((name, spec, procs))
-    for method, ckpt, micro, generations, seq, completion, beta in GRPO_GRID:
+    for method, ckpt, micro, accumulation, generations, seq, completion, beta in GRPO_GRID:
         spec = JobSpec(
             base_model="demo", dataset_id="benchdata01", objective="grpo", grader=GRADER, method=method,
-            gradient_checkpointing=ckpt, micro_batch_size=micro, num_generations=generations,
+            gradient_checkpointing=ckpt, micro_batch_size=micro, gradient_accumulation_steps=accumulation,
+            num_generations=generations,
             max_seq_len=seq, max_completion_tokens=completion, beta=beta, temperature=1.0, max_steps=steps,
             checkpoint_every_steps=0, mixed_precision="no", lora_dropout=0.0,
         )  # fmt: skip
@@ -167,7 +170,10 @@ def main() -> int:
             errors.append(err)
             grpo = spec.rl.enabled
             method = f"{spec.method}+grpo" if grpo else spec.method
-            micro = f"{spec.micro_batch_size}x{spec.num_generations}" if grpo else str(spec.micro_batch_size)
+            micro = str(spec.micro_batch_size)
+            if grpo:  # prompts x generations, x accumulation steps where more than one
+                accumulation = spec.gradient_accumulation_steps
+                micro += f"x{spec.num_generations}" + (f"x{accumulation}" if accumulation > 1 else "")
             print(
                 f"{n:>2} {name:7} {spec.packing!s:5} {method:10} {spec.gradient_checkpointing!s:5} "
                 f"{micro:>7} {spec.max_seq_len:>5} {procs:>4} "

@@ -4,11 +4,17 @@ per decoding step, side by side, on this machine's device.
     python bench/rollouts_decode.py [--prompts 2] [--generations 8] [--tokens 128] [--layers N]
                                     [--repeats 2] [--compile-cpu] [--models DIR]
 
-Rows, each the mean of --repeats timed calls after one untimed (compiling) call:
+Rows, each the mean of --repeats timed calls after one untimed (compiling) call, all of them sampling the
+same prompts; ms / step is the time per decoding step (a call decodes as many steps as its longest answer):
   transformers alone       the base model, no LoRA, no ftune layers: generate() itself
+  transformers + peft      the base model with peft's LoRA (r16, all linears): TRL's GRPOTrainer's path
+                           without vLLM
   engine, fused always     the model as training.recipe builds it on CUDA (LoRA, training.lora_add and
                            training.fused installed), the fused functions on every call (before)
-  engine                   the same, a small no-grad call on the modules' own code (now)
+  engine, prompt by prompt the engine sampling one prompt per generate() call, as a step of micro-batch 1
+                           did before its prompts were sampled together (before)
+  engine                   the engine: a small no-grad call on the modules' own code, all the prompts in
+                           one generate() call (now)
   engine, static cache     cache="static": on CUDA transformers compiles the decoding step (CUDA graphs);
                            on a CPU it runs uncompiled unless --compile-cpu
 On a CPU the model is bench/gpu_check.py's 22 layers at a small width (hidden 128), where a step's time
@@ -63,8 +69,9 @@ def engine(spec: JobSpec, model_dir: Path, device: torch.device) -> Any:
     return net
 
 
-def timed(call: Callable[[], list[Any]], repeats: int) -> tuple[float, int]:
-    """Mean seconds of a call after an untimed one, and the decoding steps it took (its longest answer)."""
+def timed(call: Callable[[], list[Any]], repeats: int, chunk: int) -> tuple[float, int]:
+    """Mean seconds of a call after an untimed one, and the decoding steps it took: each generate() call
+    of `chunk` prompts decodes as many as its longest answer."""
     call()
     seconds = []
     for _ in range(repeats):
@@ -73,7 +80,8 @@ def timed(call: Callable[[], list[Any]], repeats: int) -> tuple[float, int]:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
-    return statistics.mean(seconds), max(len(c.ids) for group in groups for c in group)
+    calls = [groups[k : k + chunk] for k in range(0, len(groups), chunk)]
+    return statistics.mean(seconds), sum(max(len(c.ids) for g in part for c in g) for part in calls)
 
 
 def main() -> int:
@@ -98,17 +106,25 @@ def main() -> int:
     items, _, _ = load_for_training(prompts(work / "prompts.jsonl", args.prompts), tokenizer, spec, None)
     precision = model_lib.precision_for(spec, device, model_lib.bf16_supported(device))
 
-    def run(net: Any, **kwargs: Any) -> Callable[[], list[Any]]:
+    def run(net: Any, chunk: int = args.prompts, **kwargs: Any) -> Callable[[], list[Any]]:
         return lambda: sample(
             net, tokenizer, [p.input_ids for p in items], n=args.generations, temperature=1.0,
             max_new_tokens=args.tokens, seed=(1, 1), device=device, autocast=precision.autocast,
-            chunk=args.prompts, **kwargs,
+            chunk=chunk, **kwargs,
         )  # fmt: skip
 
+    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    bare = AutoModelForCausalLM.from_pretrained(model_dir, dtype=model_lib.base_dtype(spec, model_dir))
-    bare.to(device)
+    def base() -> Any:
+        bare = AutoModelForCausalLM.from_pretrained(model_dir, dtype=model_lib.base_dtype(spec, model_dir))
+        return bare.to(device)
+
+    bare = base()
+    lora = LoraConfig(
+        r=spec.lora_r, lora_alpha=spec.lora_alpha, lora_dropout=0.0, target_modules="all-linear"
+    )
+    with_peft = get_peft_model(base(), lora)
     net = engine(spec, model_dir, device)
     if args.compile_cpu and device.type == "cpu":
         from transformers import CompileConfig
@@ -122,26 +138,28 @@ def main() -> int:
             return run(net)()
 
     rows = [
-        ("transformers alone", run(bare)),
-        ("engine, fused always (before)", fused_always),
-        ("engine (now)", run(net)),
+        ("transformers alone", run(bare), args.prompts),
+        ("transformers + peft", run(with_peft), args.prompts),
+        ("engine, fused always (before)", fused_always, args.prompts),
+        ("engine, prompt by prompt (before)", run(net, chunk=1), 1),
+        ("engine (now)", run(net), args.prompts),
         ("engine, static cache" + (" compiled" if args.compile_cpu or device.type == "cuda" else ""),
-         run(net, cache="static")),
+         run(net, cache="static"), args.prompts),
     ]  # fmt: skip
     name = (
         torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     )
     print(f"{name}: {args.prompts} prompts x {args.generations} generations, up to {args.tokens} tokens")
-    print(f"{'':32} {'ms / step':>10} {'steps':>6} {'seconds':>8}")
+    print(f"{'':34} {'ms / step':>10} {'steps':>6} {'seconds':>8}")
     failed = 0
-    for label, call in rows:
+    for label, call, chunk in rows:
         try:
-            seconds, steps = timed(call, args.repeats)
+            seconds, steps = timed(call, args.repeats, chunk)
         except Exception as e:  # a row that cannot run here (a compiler's error) leaves the others' figures
-            print(f"{label:32} failed: {type(e).__name__}: {e}", flush=True)
+            print(f"{label:34} failed: {type(e).__name__}: {e}", flush=True)
             failed += 1
             continue
-        print(f"{label:32} {seconds / steps * 1000:10.2f} {steps:6d} {seconds:8.2f}", flush=True)
+        print(f"{label:34} {seconds / steps * 1000:10.2f} {steps:6d} {seconds:8.2f}", flush=True)
     return 1 if failed else 0
 
 

@@ -164,6 +164,14 @@ class JobSpec(BaseModel):
         4, ge=2, le=64, description="grpo: completions sampled per prompt (a group)."
     )
     temperature: float = Field(1.0, gt=0, le=2, description="grpo: the sampling temperature of rollouts.")
+    rollout_batch_size: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="grpo: prompts sampled together in one generate() call, each with its num_generations "
+        "answers; null: all of a step's prompts (micro_batch_size x gradient_accumulation_steps), as TRL "
+        "samples a step's batch at once. Smaller: less KV cache, more decoding steps.",
+    )
     max_completion_tokens: int = Field(
         64, ge=1, le=8192, description="grpo: new tokens per sampled completion at most."
     )
@@ -391,6 +399,7 @@ class JobSpec(BaseModel):
             grader=self.grader,
             num_generations=self.num_generations,
             temperature=self.temperature,
+            rollout_batch_size=self.rollout_batch_size,
             max_completion_tokens=self.max_completion_tokens,
             epsilon=self.epsilon,
             epsilon_high=self.epsilon_high,
@@ -398,6 +407,7 @@ class JobSpec(BaseModel):
             importance_sampling_level=self.importance_sampling_level,
             eval_samples=self.eval_samples,
             max_seq_len=self.max_seq_len,
+            step_prompts=self.micro_batch_size * self.gradient_accumulation_steps,
         )
 
     @property
@@ -448,4 +458,5 @@ RL_DEFAULTS = RLArgs(
     objective="sft",
     **{f: JobSpec.model_fields[f].default for f in RLArgs.FIELDS},
     max_seq_len=JobSpec.model_fields["max_seq_len"].default,
+    step_prompts=JobSpec.model_fields["micro_batch_size"].default,
 )

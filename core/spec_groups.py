@@ -266,12 +266,16 @@ class RLArgs:
     answered `num_generations` times by the policy being trained (sampled at `temperature`, at most
     `max_completion_tokens` new tokens), each answer graded (`grader`, OpenAI's grader JSON,
     core.graders), and the policy moved by GRPO's clipped objective on the group-relative advantages.
-    `eval_samples`: validation prompts graded at each evaluation (None: all of them)."""
+    `eval_samples`: validation prompts graded at each evaluation (None: all of them). generate() samples
+    `rollout_prompts` prompts at a time (rollout_batch_size, or all of the step's: fewer decoding steps,
+    each no dearer while decoding is bound by the host's work per step, as on a GPU; and the samples do
+    not depend on how the step is split into micro-batches)."""
 
     objective: Objective
     grader: dict[str, Any] | None
     num_generations: int
     temperature: float
+    rollout_batch_size: int | None
     max_completion_tokens: int
     epsilon: float
     epsilon_high: float | None
@@ -279,10 +283,11 @@ class RLArgs:
     importance_sampling_level: ImportanceLevel
     eval_samples: int | None
     max_seq_len: int
+    step_prompts: int  # a step's prompts: micro_batch_size x gradient_accumulation_steps (one GPU)
 
     FIELDS = (
-        "grader", "num_generations", "temperature", "max_completion_tokens", "epsilon", "epsilon_high",
-        "scale_rewards", "importance_sampling_level", "eval_samples",
+        "grader", "num_generations", "temperature", "rollout_batch_size", "max_completion_tokens", "epsilon",
+        "epsilon_high", "scale_rewards", "importance_sampling_level", "eval_samples",
     )  # fmt: skip
 
     @property
@@ -293,6 +298,16 @@ class RLArgs:
     def epsilon_upper(self) -> float:
         """The ratio's upper clip is 1 + epsilon_high (DAPO's clip-higher), epsilon when not set."""
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    @property
+    def rollout_prompts(self) -> int:
+        """Prompts per generate() call: rollout_batch_size, at most a step's prompts."""
+        return min(self.rollout_batch_size or self.step_prompts, self.step_prompts)
+
+    @property
+    def rollout_sequences(self) -> int:
+        """Sequences generate() samples at once: rollout_prompts x num_generations."""
+        return self.rollout_prompts * self.num_generations
 
     @property
     def max_prompt_tokens(self) -> int:

@@ -3,8 +3,10 @@
 Used by /v1/fine_tuning/jobs for `batch_size` (a number or "auto"). The micro-batch is the largest divisor
 of the per-GPU batch whose plan fits where the job would run (the fleet, else settings.plan_gpu); the rest
 is gradient accumulation, so the effective batch is the one asked for. With nothing to plan on (no worker
-registered, no plan_gpu), the largest divisor up to JobSpec's default micro-batch. When no split fits, the
-smallest (micro-batch 1), which admission then refuses with the planner's breakdown and suggestions.
+registered, no plan_gpu), the largest divisor up to JobSpec's default micro-batch. Objective grpo samples
+all of a step's prompts at once (rollout_batch_size unset): where no split fits so, the splits are tried
+again sampling a micro-batch's prompts at a time. When no split fits, the smallest (micro-batch 1), which
+admission then refuses with the planner's breakdown and suggestions.
 """
 
 from __future__ import annotations
@@ -24,17 +26,20 @@ def split_batch(
     """`spec` with micro_batch_size x gradient_accumulation_steps = per_gpu, the largest micro that fits."""
     divisors = [d for d in range(min(per_gpu, 512), 0, -1) if per_gpu % d == 0 and per_gpu // d <= 1024]
 
-    def with_micro(micro: int) -> JobSpec:
-        update = {"micro_batch_size": micro, "gradient_accumulation_steps": per_gpu // micro}
+    def with_micro(micro: int, sample_per_micro: bool = False) -> JobSpec:
+        update: dict[str, int] = {"micro_batch_size": micro, "gradient_accumulation_steps": per_gpu // micro}
+        if sample_per_micro:
+            update["rollout_batch_size"] = micro
         return JobSpec.model_validate(spec.model_dump() | update)
 
-    for micro in divisors:
-        candidate = with_micro(micro)
-        plan = make_plan(
-            session, catalog=catalog, spec=candidate, gpu=None, tenant_id=tenant_id, plan_gpu=plan_gpu
-        )
-        if plan is None:  # nothing to plan on: stay near the default
-            return with_micro(max(d for d in divisors if d <= DEFAULT_MICRO))
-        if plan.fits:
-            return candidate
+    for sample_per_micro in [False, True] if spec.rl.enabled and spec.rollout_batch_size is None else [False]:
+        for micro in divisors:
+            candidate = with_micro(micro, sample_per_micro)
+            plan = make_plan(
+                session, catalog=catalog, spec=candidate, gpu=None, tenant_id=tenant_id, plan_gpu=plan_gpu
+            )
+            if plan is None:  # nothing to plan on: stay near the default
+                return with_micro(max(d for d in divisors if d <= DEFAULT_MICRO))
+            if plan.fits:
+                return candidate
     return with_micro(divisors[-1])

@@ -1,7 +1,8 @@
 """Objective grpo's rollout phase: sampling with generate() before the step trains (training.rollouts).
 
-The engine samples micro_batch_size prompts at a time, num_generations answers each, in eval mode without
-grad: generate() expands the prompts to rows = micro_batch_size x num_generations sequences, left-padded
+The engine samples rollout_prompts prompts at a time (rollout_batch_size, by default all of a step's),
+num_generations answers each, in eval mode without grad: generate() expands the prompts to rows =
+rollout_prompts x num_generations sequences, left-padded
 to the longest prompt P (the data's longest when its shape is known, else the worst case max_prompt_tokens
 = max_seq_len - max_completion_tokens), then decodes up to max_completion_tokens C tokens with
 transformers' DynamicCache. Nothing of the training phase is alive then (no activations, no logits), so
@@ -34,7 +35,7 @@ from core.planner.types import Term, gib
 class Rollout:
     """One generate() call's moments, bytes."""
 
-    rows: int  # sequences sampled at once: micro_batch_size x num_generations
+    rows: int  # sequences sampled at once: rollout_prompts x num_generations
     kv_cache: int  # the KV cache at P + C
     prompt_cache: int  # the KV cache of the prompts alone (the prefill's)
     sampling: int  # the sampling buffers over [rows, vocab] at a decode step
@@ -80,7 +81,7 @@ def prompt_tokens(c: Context) -> int:
 
 def rollout(c: Context) -> Rollout:
     spec, a, e = c.spec, c.arch, c.act_b
-    rows = spec.batch.micro_sequences  # micro_batch_size prompts x num_generations answers each
+    rows = spec.rl.rollout_sequences  # rollout_prompts prompts x num_generations answers each
     length, prompt = c.seq_len, prompt_tokens(c)
     # the logits (e B) and 4 B each: their fp32 copy, softmax's probabilities, multinomial's draws and,
     # at temperature != 1, the scaled copy
@@ -112,14 +113,14 @@ def rollout_terms(c: Context) -> list[Term]:
     """The rollout phase as two lines: the KV cache (the formula) and the largest transient beside it."""
     spec, a = c.spec, c.arch
     r = rollout(c)
-    n, mb = spec.num_generations, spec.micro_batch_size
+    n, prompts = spec.num_generations, spec.rl.rollout_prompts
     k_b = key_bytes(c)
     per_value = f"2 (k, v) x {c.act_b} B" if k_b == c.act_b else f"({k_b} B keys + {c.act_b} B values)"
     cache = Term(
         name="rollout KV cache",
         bytes=r.kv_cache,
         note=(
-            f"generate()'s cache for {mb} prompts x {n} generations = {r.rows} sequences of up to "
+            f"generate()'s cache for {prompts} prompts x {n} generations = {r.rows} sequences of up to "
             f"{c.seq_len} tokens ({prompt_tokens(c)} prompt + "
             f"{spec.max_completion_tokens} completion tokens): {a.num_layers} layers x {a.num_kv_heads} "
             f"kv heads x head_dim {a.head_dim} x {per_value} per position, "

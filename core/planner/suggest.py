@@ -4,6 +4,8 @@ Levers, each a category of JobSpec changes ordered from mildest to most aggressi
 ranks what the change takes away (speed, quality, hardware, data):
   gradient checkpointing      1   ~1/3 more compute, same result
   smaller micro-batch         1   same effective batch (more accumulation), lower throughput
+  fewer prompts per rollout   1.1 grpo: generate() samples fewer prompts at once (rollout_batch_size):
+                                  the same distribution, more decoding steps
   8-bit / paged AdamW         2   blockwise 8-bit states; near-identical quality in published results
   QLoRA instead of LoRA       3   4-bit base: slower, small quality cost (full: LoRA 3, QLoRA 4)
   FSDP over N GPUs            4 + log2 N   more hardware (not grpo: its rollouts run on one GPU)
@@ -96,10 +98,23 @@ def _halvings(value: int, floor: int) -> list[int]:
 
 
 def _rl_levers(spec: JobSpec) -> list[list[Option]]:
-    """grpo's own levers: shorter prompts, fewer generations, shorter completions. The rollouts' KV cache
+    """grpo's own levers: fewer prompts per generate() call, shorter prompts, fewer generations, shorter
+    completions. The rollouts' KV cache
     spans max_seq_len, so a shorter completion shortens max_seq_len with it (the prompts keep their
     budget); PROMPT stands for that budget until `_resolve` turns it into max_seq_len."""
     levers: list[list[Option]] = []
+    per_call = _halvings(spec.rl.rollout_prompts, 1)
+    if per_call:
+        levers.append(
+            [
+                (
+                    {"rollout_batch_size": p},
+                    f"rollout_batch_size {p} (prompts sampled at once)",
+                    1.1 + 0.01 * i,
+                )
+                for i, p in enumerate(per_call)
+            ]
+        )
     prompts = _halvings(spec.rl.max_prompt_tokens, MIN_PROMPT_TOKENS)
     if prompts:
         levers.append(

@@ -68,6 +68,17 @@ def test_the_kv_cache_grows_linearly_with_generations_micro_batch_and_length() -
     assert kv_term(grpo(**{**base, "max_completion_tokens": 768})) == one
 
 
+def test_the_rollouts_sample_all_of_a_steps_prompts_at_once_unless_rollout_batch_size_says_fewer() -> None:
+    base = dict(micro_batch_size=2, num_generations=4, max_seq_len=1024, max_completion_tokens=256)
+    one = kv_term(grpo(**base))
+    # a step of 2 x 3 prompts samples them together, however the step is split into micro-batches
+    assert kv_term(grpo(**{**base, "gradient_accumulation_steps": 3})) == 3 * one
+    assert kv_term(grpo(**{**base, "micro_batch_size": 6})) == 3 * one
+    assert kv_term(grpo(**{**base, "gradient_accumulation_steps": 3, "rollout_batch_size": 4})) == 2 * one
+    assert kv_term(grpo(**{**base, "gradient_accumulation_steps": 3, "rollout_batch_size": 1})) == one // 2
+    assert kv_term(grpo(**{**base, "rollout_batch_size": 64})) == one  # never more than the step's
+
+
 def test_the_datas_longest_prompt_sets_the_caches_length_and_never_raises_it() -> None:
     """With the data's shape (training.memory.batch_shape: its longest prompt + max_completion_tokens) the
     rollouts are counted at that length, not max_seq_len; a shape from other settings cannot raise it."""
@@ -121,7 +132,8 @@ def test_a_grpo_job_whose_rollouts_do_not_fit_is_refused_with_the_rollout_line_a
         again = estimate(new, arch, gpu, suggest=False)
         assert s.fits and again.fits and again.total_bytes == s.plan_total_bytes <= gpu.usable_bytes
     first = plan.suggestions[0].change
-    assert first == {"micro_batch_size": 2, "gradient_accumulation_steps": 2}  # the cheapest lever, mildest
+    # the cheapest levers, mildest: a step of 4 prompts sampled 2 at a time, trained 2 at a time
+    assert first == {"micro_batch_size": 2, "gradient_accumulation_steps": 2, "rollout_batch_size": 2}
     changed = {k for s in plan.suggestions for k in s.change}
     assert {"num_generations", "max_completion_tokens"} <= changed
 

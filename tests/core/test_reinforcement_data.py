@@ -74,6 +74,13 @@ def test_grpo_defaults_are_trls_and_sft_refuses_grpo_fields() -> None:
     assert not s.batch.packing  # a step's rows are prompts
     with pytest.raises(ValidationError, match="num_generations apply to objective 'grpo' only"):
         spec(num_generations=8)
+    with pytest.raises(ValidationError, match="rollout_batch_size apply to objective 'grpo' only"):
+        spec(rollout_batch_size=2)
+    # a step's prompts are sampled together unless rollout_batch_size says fewer
+    step = dict(objective="grpo", grader=GRADER, micro_batch_size=2, gradient_accumulation_steps=3)
+    assert (s.rl.rollout_prompts, spec(**step).rl.rollout_prompts) == (4, 6)
+    assert spec(**step, rollout_batch_size=4).rl.rollout_sequences == 4 * 4
+    assert spec(**step, rollout_batch_size=64).rl.rollout_prompts == 6
     with pytest.raises(ValidationError, match="needs a grader"):
         spec(objective="grpo")
     with pytest.raises(ValidationError, match="loss_type for objective 'grpo'"):

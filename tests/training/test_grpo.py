@@ -141,3 +141,28 @@ def test_a_rerun_with_the_same_seed_samples_and_grades_the_same(make_config) -> 
         return [(r["rl"]["reward_mean"], r["loss"]) for r in steps(o)]
 
     assert trace(Path(first.output_dir)) == trace(Path(second.output_dir))
+
+
+def test_a_step_split_into_micro_batches_samples_and_trains_as_one_big_batch(make_config) -> None:
+    """A step's prompts are sampled in one generate() call however the step is split, so micro 2 x
+    accumulation 2 samples, grades and trains on what micro 4 x accumulation 1 does (the loss up to the
+    order of its sums); rollout_batch_size 1 samples each prompt apart, other answers."""
+    big, split, apart = (
+        grpo_config(make_config, name=name, max_steps=3, **kw)
+        for name, kw in [
+            ("big", {"micro_batch_size": 4}),
+            ("split", {"micro_batch_size": 2, "gradient_accumulation_steps": 2}),
+            ("apart", {"micro_batch_size": 4, "rollout_batch_size": 1}),
+        ]
+    )
+    for config in (big, split, apart):
+        assert run(config) == EXIT_OK
+    whole, parts, one_by_one = (steps(Path(c.output_dir)) for c in (big, split, apart))
+
+    def answers(records: list[dict[str, Any]]) -> list[tuple[float, float]]:
+        return [(r["rl"]["reward_mean"], r["rl"]["completion_tokens_mean"]) for r in records]
+
+    assert answers(parts) == answers(whole)
+    assert [r["loss"] for r in parts] == pytest.approx([r["loss"] for r in whole], abs=1e-6)
+    assert [r["grad_norm"] for r in parts] == pytest.approx([r["grad_norm"] for r in whole], rel=1e-5)
+    assert answers(one_by_one) != answers(whole)

@@ -2,7 +2,9 @@
 
 One optimizer step on a global batch of prompts (training.rollouts.PromptItem):
 1. sampling: each prompt answered num_generations times by the policy being trained (training.rollouts,
-   seeded by (seed, step): a resumed run samples what an uninterrupted one would);
+   seeded by (seed, step): a resumed run samples what an uninterrupted one would), rollout_prompts
+   prompts per generate() call (all of the step's by default: the samples, like the step, do not
+   depend on its split into micro-batches);
 2. grading: every answer scored by the spec's grader (core.graders; OpenAI's grader JSON) against its
    dataset row, in a bounded thread pool; a failed grade scores 0 and counts its error;
 3. training: group-relative advantages and GRPO's clipped loss (training.grpo_loss) over micro-batches
@@ -134,7 +136,7 @@ class Grpo(BaseObjective):
             seed=seed,
             device=parts.device,
             autocast=parts.autocast,
-            chunk=spec.micro_batch_size,
+            chunk=spec.rl.rollout_prompts,  # all of a step's prompts unless rollout_batch_size
         )
 
     def _micro_batch_loss(
