@@ -70,7 +70,7 @@ class Grpo(BaseObjective):
         where = {i: k for k, i in enumerate(i for row in step for i in row)}  # item -> prompt position
 
         start = time.perf_counter()
-        answers = self._sample(prompts, n, rl.temperature, seed=(spec.seed, step_no))
+        answers = self._sample(prompts, n, rl.temperature, (spec.seed, step_no), rl.rollout_prompts)
         sampled = time.perf_counter()
         completions = [c for group in answers for c in group]  # prompt-major: k * n + g
         grades = grade_many(
@@ -124,7 +124,9 @@ class Grpo(BaseObjective):
             note=f" reward {_show(rl_metrics.reward_mean)}",
         )
 
-    def _sample(self, prompts: Sequence[PromptItem], n: int, temperature: float, seed: Sequence[int]) -> Any:
+    def _sample(
+        self, prompts: Sequence[PromptItem], n: int, temperature: float, seed: Sequence[int], chunk: int
+    ) -> list[list[Completion]]:
         parts, spec = self.ctx.parts, self.ctx.spec
         return rollouts.sample(
             parts.model,
@@ -136,7 +138,7 @@ class Grpo(BaseObjective):
             seed=seed,
             device=parts.device,
             autocast=parts.autocast,
-            chunk=spec.rl.rollout_prompts,  # all of a step's prompts unless rollout_batch_size
+            chunk=chunk,
         )
 
     def _micro_batch_loss(
@@ -176,7 +178,9 @@ class Grpo(BaseObjective):
         spec = self.ctx.spec
         chosen: list[PromptItem] = list(items[: spec.eval_samples or len(items)])
         start = time.perf_counter()
-        answers = [group[0] for group in self._sample(chosen, 1, 0.0, seed=(spec.seed, step_no))]
+        # one answer each: as many prompts per generate() call as a step's rollouts have sequences
+        groups = self._sample(chosen, 1, 0.0, (spec.seed, step_no), spec.rl.rollout_sequences)
+        answers = [group[0] for group in groups]
         sampled = time.perf_counter()
         grades = grade_many(
             self.grader,
