@@ -10,14 +10,7 @@ import pytest
 
 from core.spec import JobSpec
 from models import auto_batch
-
-GRADER = {
-    "type": "string_check",
-    "name": "s",
-    "input": "{{sample.output_text}}",
-    "reference": "a",
-    "operation": "eq",
-}
+from tests.core.test_planner_grpo import GRADER
 
 
 @dataclass
