@@ -21,7 +21,8 @@
 #    CKPT=1 adds a second pass with gradient checkpointing on, if time is left;
 #    (SFT=0 leaves steps 4 and 5 out.)
 # 6. GRPO=1: bench/rollouts_decode.py (ms per decoding step: the engine's rollouts against transformers
-#    alone, and with a static cache, which transformers compiles with CUDA graphs) and bench/gpu_grpo.py
+#    alone and with peft's LoRA, prompt by prompt as before, and with a static cache, which transformers
+#    compiles with CUDA graphs) and bench/gpu_grpo.py
 #    --steps 3 (objective grpo: its phases and the planner), if time is left.
 # Everything goes to $OUT/log.txt; results to $OUT/gpu_check.json, $OUT/gpu_vs_trl.json
 # ($OUT/gpu_vs_trl_ckpt.json, $OUT/gpu_grpo.json), $OUT/run_details.json (each gpu_vs_trl run's step records) and
