@@ -37,9 +37,8 @@ def test_the_largest_micro_batch_that_fits(monkeypatch: pytest.MonkeyPatch) -> N
     sft = JobSpec(base_model="m", dataset_id="dataset0001")
     got = split(monkeypatch, sft, lambda s: s.micro_batch_size <= 2)
     assert (got.micro_batch_size, got.gradient_accumulation_steps) == (2, 4)
-    assert (
-        split(monkeypatch, sft, lambda s: False).micro_batch_size == 1
-    )  # admission refuses it, with reasons
+    # no split fits: the smallest, which admission then refuses with the planner's reasons
+    assert split(monkeypatch, sft, lambda s: False).micro_batch_size == 1
     assert split(monkeypatch, sft, None).micro_batch_size == 4  # nothing to plan on: JobSpec's default
 
 

@@ -76,7 +76,7 @@ def test_installed_on_every_plain_lora_linear_and_peft_takes_what_it_does_not_co
     assert not torch.allclose(base, tuned, rtol=1e-3, atol=1e-3)  # the adapters do change the output
 
 
-def test_a_base_layer_with_hooks_is_called_as_a_module(tiny_model: Path) -> None:
+def test_where_a_linear_has_a_hook_peft_runs_the_layer(tiny_model: Path) -> None:
     """The fused forward calls the linears as functions (a module call is host time), so where one of them
     has a hook, or a global module hook is set, peft's forward runs: the hooks run where peft calls them."""
     spec = JobSpec(base_model="tiny", dataset_id="testdata01", lora_dropout=0.0)
