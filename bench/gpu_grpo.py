@@ -31,6 +31,10 @@ GRADER = {"type": "string_check", "name": "exact", "operation": "eq"}
 GRADER |= {"input": "{{sample.output_text}}", "reference": "{{item.answer}}"}
 CONFIGS: list[dict[str, Any]] = [
     {"name": "lora mb2 x g8, 512 = 384 + 128", "micro_batch_size": 2, "num_generations": 8},
+    # a step's 4 prompts sampled in one generate() call (before 2026-11-27: two calls, one per micro-batch):
+    # its sampling time against the line above's (2 prompts, one call) says how host-bound decoding is
+    {"name": "lora mb2 x g8 x accumulation 2", "micro_batch_size": 2, "num_generations": 8,
+     "gradient_accumulation_steps": 2},
     {"name": "lora mb2 x g8, beta 0.04", "micro_batch_size": 2, "num_generations": 8, "beta": 0.04},
     {"name": "lora mb4 x g8, checkpointing", "micro_batch_size": 4, "num_generations": 8,
      "gradient_checkpointing": True},
