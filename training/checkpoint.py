@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from core.spec import JobSpec
 from core.storage import fsync_path
 from training import distributed
 from training.step import Parts, Position
@@ -161,13 +162,22 @@ def best_checkpoint(paths: list[Path]) -> Path | None:
     return best[1] if best else None
 
 
+def _as_today(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """A checkpoint's spec as this version writes it: a field added since (e.g. rollout_batch_size) takes
+    its default, so a job paused before an upgrade resumes after it. None where it is no JobSpec now."""
+    try:
+        return JobSpec.model_validate(spec).model_dump(mode="json")
+    except ValueError:  # pydantic's ValidationError: a field since removed, or a value now refused
+        return None
+
+
 def load_checkpoint(path: Path, parts: Parts) -> Position:
     """Restore weights, optimizer, grad scaler and RNGs into `parts`; return the saved position."""
     state = json.loads((path / FILES[3]).read_text())
     if state.get("format") != FORMAT:
         # e.g. format 1, whose data position meant another batch order: resuming it would not be exact
         raise ValueError(f"checkpoint {path} has format {state.get('format')}, this trainer reads {FORMAT}")
-    if state["spec"] != parts.spec.model_dump(mode="json"):
+    if _as_today(state["spec"]) != parts.spec.model_dump(mode="json"):
         raise ValueError(f"checkpoint {path} was written for a different job spec")
     weights = load_file(path / FILES[0])
     params = dict(named_trainable(parts))

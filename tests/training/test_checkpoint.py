@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from core.spec import JobSpec
@@ -52,3 +54,23 @@ def test_restores_weights_and_rng(tmp_path: Path) -> None:
     assert pos.losses == [2.5]
     torch.testing.assert_close(other.model.weight, t.model.weight, rtol=0, atol=0)
     torch.testing.assert_close(torch.rand(3), expected_draw, rtol=0, atol=0)
+
+
+def test_a_checkpoint_written_before_a_spec_field_was_added_resumes_and_another_spec_is_refused(
+    tmp_path: Path,
+) -> None:
+    """state.json keeps the spec it was written for; a field added since (rollout_batch_size, 2026-11-27)
+    takes its default, so a job paused before an upgrade resumes after it. Any other difference refuses."""
+    path = save_checkpoint(tmp_path, trainer(), Position(step=1), 100)
+    state_file = path / FILES[3]
+    state = json.loads(state_file.read_text())
+
+    def load_with(spec: dict) -> Position:
+        state_file.write_text(json.dumps({**state, "spec": spec}))
+        return load_checkpoint(path, trainer())
+
+    older = {k: v for k, v in state["spec"].items() if k != "rollout_batch_size"}
+    assert load_with(older).step == 1
+    for other in ({**state["spec"], "learning_rate": 1e-3}, {**state["spec"], "since_removed": 1}):
+        with pytest.raises(ValueError, match="different job spec"):
+            load_with(other)
