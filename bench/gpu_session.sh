@@ -20,7 +20,8 @@
 # 5. bench/gpu_vs_trl.py (ftune against TRL's SFTTrainer), under a timeout, reusing gpu_check's model;
 #    CKPT=1 adds a second pass with gradient checkpointing on, if time is left;
 #    (SFT=0 leaves steps 4 and 5 out.)
-# 6. GRPO=1: bench/rollouts_decode.py (ms per decoding step: the engine's rollouts against transformers
+# 6. GRPO=1: bench/lora_layer.py (us per call of one LoRA linear at the 1.1B's width: host time per
+#    module), bench/rollouts_decode.py (ms per decoding step: the engine's rollouts against transformers
 #    alone and with peft's LoRA, prompt by prompt as before, and with a static cache, which transformers
 #    compiles with CUDA graphs) and bench/gpu_grpo.py
 #    --steps 3 (objective grpo: its phases and the planner), if time is left.
@@ -117,7 +118,10 @@ EOF
   fi
 
   if [ "${GRPO:-0}" = 1 ] && (($(left) > 120)); then
-    t=$(part_timeout 150 100)
+    echo "== bench/lora_layer.py --width 2048 (timeout 40s) at ${SECONDS}s"
+    timeout -k 5 40 python3 bench/lora_layer.py --width 2048
+    echo "lora_layer exit $? at ${SECONDS}s"
+    t=$(part_timeout 200 100)
     echo "== bench/rollouts_decode.py --repeats 1 (timeout ${t}s) at ${SECONDS}s"
     timeout -k 10 "$t" python3 bench/rollouts_decode.py --repeats 1 --models "$WORK/check/models"
     echo "rollouts_decode exit $? at ${SECONDS}s"

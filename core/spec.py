@@ -407,7 +407,7 @@ class JobSpec(BaseModel):
             importance_sampling_level=self.importance_sampling_level,
             eval_samples=self.eval_samples,
             max_seq_len=self.max_seq_len,
-            step_prompts=self.micro_batch_size * self.gradient_accumulation_steps,
+            step_prompts=self.batch.effective_size,
         )
 
     @property
@@ -458,5 +458,5 @@ RL_DEFAULTS = RLArgs(
     objective="sft",
     **{f: JobSpec.model_fields[f].default for f in RLArgs.FIELDS},
     max_seq_len=JobSpec.model_fields["max_seq_len"].default,
-    step_prompts=JobSpec.model_fields["micro_batch_size"].default,
+    step_prompts=JobSpec.model_fields["micro_batch_size"].default,  # unused: sft and dpo sample nothing
 )

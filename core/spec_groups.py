@@ -283,7 +283,7 @@ class RLArgs:
     importance_sampling_level: ImportanceLevel
     eval_samples: int | None
     max_seq_len: int
-    step_prompts: int  # a step's prompts: micro_batch_size x gradient_accumulation_steps (one GPU)
+    step_prompts: int  # a step's prompts: the effective batch (BatchArgs.effective_size)
 
     FIELDS = (
         "grader", "num_generations", "temperature", "rollout_batch_size", "max_completion_tokens", "epsilon",

@@ -32,7 +32,9 @@ def split_batch(
             update["rollout_batch_size"] = micro
         return JobSpec.model_validate(spec.model_dump() | update)
 
-    for sample_per_micro in [False, True] if spec.rl.enabled and spec.rollout_batch_size is None else [False]:
+    # grpo sampling a whole step's prompts at once first; then, where none fits so, a micro-batch's
+    per_micro = [False, True] if spec.rl.enabled and spec.rollout_batch_size is None else [False]
+    for sample_per_micro in per_micro:
         for micro in divisors:
             candidate = with_micro(micro, sample_per_micro)
             plan = make_plan(

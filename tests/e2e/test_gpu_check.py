@@ -14,6 +14,15 @@ from core.spec import JobSpec
 from tests.e2e.stack import REPO
 
 
+def bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A bench script run on this CPU as the GPU session runs it, which must exit 0."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def test_without_cuda_it_says_so_and_exits_0() -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "gpu_check.py")], capture_output=True, text=True, timeout=120
@@ -48,13 +57,7 @@ def test_the_fused_ops_bench_runs_on_a_cpu_and_prints_both_sides() -> None:
     """bench/fused_ops.py as the GPU session runs it, on this CPU with few tokens: a row per op, the eager
     and the fused time side by side, and no new tensor kept by the fused ones (the rotary embeddings keep
     the model's cos and sin, as eager does)."""
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "fused_ops.py"), "--tokens", "64", "--repeat", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
+    done = bench("fused_ops.py", "--tokens", "64", "--repeat", "1")
     assert "torch.compile works: True" in done.stdout
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith(("RMSNorm", "silu"))]
     assert len(rows) == 2, done.stdout
@@ -67,17 +70,20 @@ def test_the_fused_ops_bench_runs_on_a_cpu_and_prints_both_sides() -> None:
 def test_the_rollouts_decode_bench_runs_on_a_cpu_and_prints_each_row() -> None:
     """bench/rollouts_decode.py on this CPU with 2 layers and 8 tokens: a time per decoding step for each
     way of sampling, side by side."""
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "rollouts_decode.py"), "--layers", "2", "--tokens", "8",
-         "--repeats", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    labels = ("transformers alone", "engine, fused always", "engine (now)", "engine, static cache")
+    done = bench("rollouts_decode.py", "--layers", "2", "--tokens", "8", "--repeats", "1")
+    labels = ("transformers alone", "transformers + peft", "engine, fused always", "engine, prompt by prompt",
+              "engine (now)", "engine, static cache")  # fmt: skip
     rows = [line for line in done.stdout.splitlines() if line.startswith(labels)]
-    assert len(rows) == 4, done.stdout
+    assert len(rows) == 6, done.stdout
     for row in rows:
         ms, steps = row.split()[-3:-1]
-        assert float(ms) > 0 and 1 <= int(steps) <= 8, row
+        calls = 2 if "prompt by prompt" in row else 1  # 2 prompts: one generate() call each, or one for both
+        assert float(ms) > 0 and calls <= int(steps) <= 8 * calls, row
+
+
+def test_the_lora_layer_bench_runs_on_a_cpu_and_prints_each_row() -> None:
+    """bench/lora_layer.py on this CPU with few calls: microseconds per call for each forward."""
+    done = bench("lora_layer.py", "--calls", "20", "--rounds", "2")
+    labels = ("base linear alone", "peft's forward", "engine's forward", "its ops alone")
+    rows = [line for line in done.stdout.splitlines() if line.startswith(labels)]
+    assert len(rows) == 4 and all(float(row[20:].split()[0]) > 0 for row in rows), done.stdout
