@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One GPU session in ~9 minutes, run from the repository root on a lent CUDA machine whose python3
-# already has torch, transformers, peft, accelerate, numpy, pandas, pyarrow, tokenizers, safetensors:
+# already has torch, transformers, peft, accelerate, numpy, pandas, pyarrow, tokenizers, safetensors.
+# A session is lent 15 minutes of device time, the machine's start (1-2 minutes) included, so make it one
+# call (timeout_s 600) of everything but the kernel benches:
 #
-#     bash bench/gpu_session.sh
+#     WORK=/tmp/ftune-gpu TOTAL=570 KERNELS=0 GRPO=1 bash bench/gpu_session.sh
 #
-# or in two device calls on the same machine, the second reusing the first's 1.1B model:
-#
-#     WORK=/tmp/ftune-gpu bash bench/gpu_session.sh
-#     WORK=/tmp/ftune-gpu KERNELS=0 SFT=0 GRPO=1 bash bench/gpu_session.sh
+# (2026-11-27, H200: the SFT parts took ~220 s, gpu_grpo ~40 s a config, rollouts_decode ~160 s.)
+# A later call on the same, still warm machine (it goes back after 30 s idle) can reuse WORK's 1.1B model.
 #
 # .whl/ is git-ignored (.git/info/exclude): a device call must carry it (carry: [".whl"]).
 # 1. installs the wheels in .whl/ (what that python lacks: pydantic and its parts, pydantic-settings,
@@ -20,11 +20,11 @@
 # 5. bench/gpu_vs_trl.py (ftune against TRL's SFTTrainer), under a timeout, reusing gpu_check's model;
 #    CKPT=1 adds a second pass with gradient checkpointing on, if time is left;
 #    (SFT=0 leaves steps 4 and 5 out.)
-# 6. GRPO=1: bench/lora_layer.py (us per call of one LoRA linear at the 1.1B's width: host time per
-#    module), bench/rollouts_decode.py (ms per decoding step: the engine's rollouts against transformers
-#    alone and with peft's LoRA, prompt by prompt as before, and with a static cache, which transformers
-#    compiles with CUDA graphs) and bench/gpu_grpo.py
-#    --steps 3 (objective grpo: its phases and the planner), if time is left.
+# 6. GRPO=1: bench/gpu_grpo.py --steps 3 (objective grpo: its phases and the planner; GRPO_SHARE seconds
+#    are left for this part by step 5), bench/rollouts_decode.py (ms per decoding step: the engine's
+#    rollouts against transformers alone and with peft's LoRA, prompt by prompt as before, and with a
+#    static cache, which transformers compiles with CUDA graphs) and bench/lora_layer.py (us per call of
+#    one LoRA linear at the 1.1B's width: host time per module), each if time is left.
 # Everything goes to $OUT/log.txt; results to $OUT/gpu_check.json, $OUT/gpu_vs_trl.json
 # ($OUT/gpu_vs_trl_ckpt.json, $OUT/gpu_grpo.json), $OUT/run_details.json (each gpu_vs_trl run's step records) and
 # $OUT/runs_tail.txt (the end of each of its training processes' logs).
@@ -94,6 +94,9 @@ EOF
     echo "fused_ops exit $? at ${SECONDS}s"
   fi
 
+  # what gpu_vs_trl leaves for the grpo part when both run in one call
+  local vs_tail=10
+  [ "${GRPO:-0}" = 1 ] && vs_tail=${GRPO_SHARE:-230}
   if [ "${SFT:-1}" = 1 ]; then  # SFT=0: leave gpu_check and gpu_vs_trl out (e.g. GRPO=1 SFT=0: grpo only)
     t=$(part_timeout 200 "${VS_RESERVE:-240}")
     echo "== bench/gpu_check.py --steps 8 (timeout ${t}s) at ${SECONDS}s"
@@ -101,7 +104,7 @@ EOF
     echo "gpu_check exit ${PIPESTATUS[0]} at ${SECONDS}s"
     grep '^\[{"config"' "$WORK/gpu_check.out" | tail -1 > "$OUT/gpu_check.json"
 
-    t=$(part_timeout 330 10)
+    t=$(part_timeout 330 "$vs_tail")
     echo "== bench/gpu_vs_trl.py (timeout ${t}s) at ${SECONDS}s"
     timeout -k 15 "$t" python3 bench/gpu_vs_trl.py --keep "$WORK/vs" --models "$WORK/check/models" \
       --budget $((t - 25)) --run-timeout 120 --json-out "$OUT/gpu_vs_trl.json"
@@ -117,19 +120,23 @@ EOF
     fi
   fi
 
-  if [ "${GRPO:-0}" = 1 ] && (($(left) > 120)); then
-    echo "== bench/lora_layer.py --width 2048 (timeout 40s) at ${SECONDS}s"
-    timeout -k 5 40 python3 bench/lora_layer.py --width 2048
-    echo "lora_layer exit $? at ${SECONDS}s"
-    t=$(part_timeout 200 100)
-    echo "== bench/rollouts_decode.py --repeats 1 (timeout ${t}s) at ${SECONDS}s"
-    timeout -k 10 "$t" python3 bench/rollouts_decode.py --repeats 1 --models "$WORK/check/models"
-    echo "rollouts_decode exit $? at ${SECONDS}s"
-    t=$(part_timeout 240 10)
+  if [ "${GRPO:-0}" = 1 ] && (($(left) > 60)); then
+    # gpu_grpo first: its timing is known (~35 s a config); the static-cache row of rollouts_decode compiles
+    t=$(part_timeout 170 60)
     echo "== bench/gpu_grpo.py --steps 3 (timeout ${t}s) at ${SECONDS}s"
     timeout -k 15 "$t" python3 bench/gpu_grpo.py --steps 3 --keep "$WORK/grpo" --models "$WORK/check/models" \
       --json "$OUT/gpu_grpo.json"
     echo "gpu_grpo exit $? at ${SECONDS}s"
+    t=$(part_timeout 200 "${LORA_LAYER_SHARE:-0}")
+    echo "== bench/rollouts_decode.py --repeats 1 (timeout ${t}s) at ${SECONDS}s"
+    timeout -k 10 "$t" python3 bench/rollouts_decode.py --repeats 1 --models "$WORK/check/models"
+    echo "rollouts_decode exit $? at ${SECONDS}s"
+    if (($(left) > 20)); then
+      t=$(part_timeout 40 0)
+      echo "== bench/lora_layer.py --width 2048 (timeout ${t}s) at ${SECONDS}s"
+      timeout -k 5 "$t" python3 bench/lora_layer.py --width 2048
+      echo "lora_layer exit $? at ${SECONDS}s"
+    fi
   fi
 
   for d in "$WORK"/vs*/*/; do

@@ -36,7 +36,8 @@ Measured per run over steps 2..N (step 1, the warmup, is left out):
   loss     the last step's loss (the same data and lr: the four should be close, not equal: different
            batches).
 
-Attention under packing: ftune runs causal SDPA per example (training.packing). TRL's padding-free row
+Attention under packing: ftune makes one attention call per layer for the whole packed batch
+(training.packing: torch's varlen flash attention on CUDA). TRL's padding-free row
 has no attention_mask, only position_ids that restart per example; under SDPA transformers 5 builds a
 block-diagonal mask from them (masking_utils.find_packed_sequence_indices, used when no KV cache is
 made: SFTTrainer passes use_cache=False): correct, but a T x T masked SDPA over the whole 8192-token
@@ -292,7 +293,7 @@ def _ftune_row(out: Path, setup: Setup, packing: bool) -> dict:
     start = next((r for r in every if isinstance(r, StartRecord)), None)
     peaks = json.loads((out / "cuda_peaks.json").read_text()) if (out / "cuda_peaks.json").exists() else {}
     row: dict[str, Any] = {
-        "attn": "ftune_packed (SDPA per example)" if packing and setup.attn == "sdpa" else setup.attn,
+        "attn": "ftune_packed (varlen, one call a layer)" if packing and setup.attn == "sdpa" else setup.attn,
         "trainable_params": start.trainable_params if start else None,
         "plan_peak_bytes": start.predicted_peak_bytes if start else None,  # the planner's, for reference
         **outcome(len(records), [r.loss for r in records], peaks),

@@ -1,5 +1,6 @@
 """Each RMSNorm, each gated MLP's act(gate) * up and each rotary position embedding as one autograd
-function, its forward and backward each one compiled kernel (torch.compile: Triton on a GPU).
+function that keeps fewer tensors than autograd would, its forward and backward each one compiled kernel
+where asked (torch.compile: Triton on a GPU).
 
 In eager PyTorch a Llama-style RMSNorm is seven kernels forward (upcast, square, mean, add, rsqrt, two
 multiplies and a downcast, each a pass over [tokens, hidden]) and more backward, and autograd keeps its fp32
@@ -16,9 +17,10 @@ on a probe equals rms_norm's bit for bit (the same formula, not Gemma's 1 + weig
 is Llama's `down_proj(act_fn(gate_proj(x)) * up_proj(x))` with an activation known here, an attention whose
 family's `apply_rotary_pos_emb` computes Llama's on a probe (that module-level function is replaced by one
 that runs the fused one only inside the forwards installed here, the family's own everywhere else).
-Compiled where torch.compile works on the device (tried once per process); eager otherwise, keeping the
-same tensors. Decoding (a small no-grad call) and code inside torch.compile run the modules' own code.
-The engine installs them where it trains on CUDA (training.recipe): compiling costs seconds per process.
+install(jit=None) compiles them where torch.compile works on the device (tried once per process), eager
+otherwise, keeping the same tensors. Decoding (a small no-grad call) and code inside torch.compile run the
+modules' own code. The engine installs them where it trains on CUDA, eagerly (training.model.use_cuda_paths:
+compiled they were slower on an H200), for the tensors they do not keep.
 """
 
 from __future__ import annotations

@@ -70,6 +70,14 @@ class PeakMemory:
         self.peak_bytes = max(self.peak_bytes, base + peak)
 
 
+def reset_cuda_peaks(device: torch.device) -> None:
+    """CUDA's peak statistics from now on, also in a process that ran something before. Before CUDA's
+    first use in the process there is nothing to reset, and torch raises 'Invalid device argument' (every
+    job failed so on an H200, torch 2.11, 2026-11-27): no reset then."""
+    if device.type == "cuda" and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind these tensors (views and shared weights count once)."""
     seen: dict[int, int] = {}

@@ -192,14 +192,20 @@ def skip_adapter_input_casts(model) -> int:
 
 def use_cuda_paths(model, device: torch.device, autocast: bool) -> str:
     """What the engine turns on where it trains on CUDA (and the planner counts there): peft's LoRA input
-    casts off under autocast (skip_adapter_input_casts), compiled norms and gated MLPs (training.fused).
-    Returns what it did, for the log; nothing on another device."""
+    casts off under autocast (skip_adapter_input_casts), the fused norms, gates and rotary embeddings
+    (training.fused), run eagerly. Returns what it did, for the log; nothing on another device.
+
+    Eagerly because compiled they were slower on an H200 (bench/fused_ops.py, 8,192 tokens, forward and
+    backward, 2026-11-27): norm 0.93 ms against eager's 0.84 (0.90x), act(gate) * up 1.81 against 0.38
+    (0.21x), rotary 1.33 against 0.69 (0.52x), and the 1.1B LoRA's step in bench/gpu_vs_trl.py went from
+    ~205 to 263 ms. Run eagerly they keep the same fewer tensors (the planner's Runtime.fused_norm_mlp) at
+    0.93, 0.43 and 0.68 ms."""
     if device.type != "cuda":
         return "none (not CUDA)"
     from training import fused
 
     casts = skip_adapter_input_casts(model) if autocast else 0
-    return f"LoRA input casts off on {casts} layers; fused {fused.install(model, device)}"
+    return f"LoRA input casts off on {casts} layers; fused, eager: {fused.install(model, device, jit=False)}"
 
 
 def read_trained_adapter(path: Path):

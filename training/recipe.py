@@ -105,8 +105,7 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
         if not distributed.is_main():
             log.setLevel(logging.WARNING)  # one rank's progress is enough
     log.info("job %s: %s on %s, base %s", config.job_id, spec.method, device, config.model_dir)
-    if device.type == "cuda":  # this run's peak from its loading on, also when called in a busy process
-        torch.cuda.reset_peak_memory_stats(device)
+    memory.reset_cuda_peaks(device)  # this run's peak from its loading on, also in a busy process
 
     tokenizer = model.load_tokenizer(Path(config.model_dir))
     items, val_items, dropped, token_stats = load_splits(config, tokenizer)

@@ -11,7 +11,10 @@ training.packing.masked_attention (SDPA with the padding mask): `num_generations
 the spec's temperature (no top-k or top-p filter, as TRL's defaults), up to max_completion_tokens new
 tokens, ending at EOS. The KV cache grows as they do; `cache="static"` (bench/rollouts_decode.py) takes
 one of the whole length, with which transformers compiles the decoding step on CUDA (CUDA graphs): not
-timed on a GPU yet, so not the engine's. The sampling RNG is forked and seeded from (seed, step, chunk),
+timed on a GPU yet, so not the engine's. It needs transformers >= 5.24: before, a static cache held values
+in the keys' dtype, and under bf16 autocast with fp32 weights a Llama caches fp32 keys (rotated in the
+residual stream's dtype) beside bf16 values (on an H200 with 5.17: index_copy_ refused the values). The
+sampling RNG is forked and seeded from (seed, step, chunk),
 so a step's samples are a pure function of the weights and the step: a resumed run samples what an
 uninterrupted one would have.
 """
@@ -102,6 +105,14 @@ def stop_ids(tokenizer: Any, model: Any) -> set[int]:
     return ids
 
 
+def static_cache_keeps_dtypes() -> bool:
+    """Whether this transformers' static cache holds keys and values each in its own dtype (5.24 on)."""
+    import transformers
+    from packaging.version import Version
+
+    return Version(transformers.__version__).release >= (5, 24)
+
+
 @torch.no_grad()
 def sample(
     model: Any,
@@ -119,6 +130,11 @@ def sample(
 ) -> list[list[Completion]]:
     """`n` sampled completions of each prompt (temperature 0: greedy), `chunk` prompts per generate()
     call; seeded by `seed` (e.g. (spec seed, step)). In eval mode (no dropout), the caller's mode kept."""
+    if cache == "static" and not static_cache_keeps_dtypes():
+        raise ValueError(
+            "cache='static' needs transformers >= 5.24 (its static cache holds keys and values "
+            "each in its own dtype, as a Llama under autocast with fp32 weights makes them)"
+        )
     stops = stop_ids(tokenizer, model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stops, default=0)
     rng_devices = [device] if device.type == "cuda" else []

@@ -171,7 +171,7 @@ def activation_setup(c: Context) -> ActivationSetup:
 
 
 def fused(c: Context) -> bool:
-    """Whether the engine compiles norms and gates (Runtime.fused_norm_mlp): ftune's does on a GPU."""
+    """Whether the engine fuses norms and gates (Runtime.fused_norm_mlp): ftune's does on a GPU."""
     return c.runtime.fused_norm_mlp and not c.cpu
 
 

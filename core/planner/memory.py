@@ -62,7 +62,7 @@ class ActivationSetup:
     residual_bytes: int = 0  # the residual stream's dtype (the norms' outputs); 0: the compute dtype
     # under autocast, peft casts a LoRA input to the fp32 adapter first (Runtime.lora_input_cast)
     lora_input_cast: bool = True
-    # compiled norms and gates (Runtime.fused_norm_mlp, where fused_norm and fused_gate hold)
+    # fused norms and gates (Runtime.fused_norm_mlp, where fused_norm and fused_gate hold)
     fused_norms: bool = False
     fused_gate: bool = False
 
@@ -84,7 +84,7 @@ def fused_gate(arch: Architecture) -> bool:
 
 
 def norm_input_bytes(s: ActivationSetup) -> int:
-    """Bytes per value a norm keeps of its input: its fp32 upcast, or compiled, the input itself."""
+    """Bytes per value a norm keeps of its input: its fp32 upcast, or fused, the input itself."""
     return (s.residual_bytes or s.compute_bytes) if s.fused_norms else 4
 
 
@@ -112,14 +112,14 @@ def layer_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> tuple
     """Bytes one decoder block keeps for backward per token, averaged over layers, and its parts.
 
     Derived from a Llama block (and checked on CPU with saved-tensor hooks):
-      - each RMSNorm/LayerNorm keeps its fp32 upcast input (4 B x hidden); compiled (fused_norms) its
+      - each RMSNorm/LayerNorm keeps its fp32 upcast input (4 B x hidden); fused (fused_norms) its
         input as it is; full FT also its output
       - a frozen base linear keeps nothing (autograd saves an input only for a weight gradient);
         a LoRA-wrapped one keeps what lora_A reads, plus lora_A's r outputs (see _lora_saved_per_token)
       - SDPA/flash keep q, k, v, the output and a fp32 logsumexp per head; eager keeps q, k, v
         (k, v repeated to all heads), the fp32 softmax and its compute-dtype copy: (4 + 2) x heads x seq
       - a gated MLP keeps gate (act input), act output and up (the product's operands): 3 x inter;
-        compiled (fused_gate) gate and up: 2 x inter;
+        fused (fused_gate) gate and up: 2 x inter;
         a plain MLP keeps the activation's input (python GELUs like gelu_new keep 4 tensors)
       - full FT: the input of each distinct linear input group (q/k/v share one, gate/up share one)
     """
@@ -129,7 +129,7 @@ def layer_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> tuple
     norm_b = norm_input_bytes(s)
     parts["norm inputs" + (" (fp32)" if norm_b == 4 else "")] = norm_b * h * arch.norms_per_layer
     if arch.qk_norm:
-        q_b = e if s.fused_norms else 4  # compiled: the q and k projections' outputs as they are
+        q_b = e if s.fused_norms else 4  # fused: the q and k projections' outputs as they are
         parts["q/k norm inputs" + (" (fp32)" if q_b == 4 else "")] = q_b * (q_dim + kv_dim)
     if s.full:
         parts["norm outputs"] = e * h * arch.norms_per_layer

@@ -150,7 +150,7 @@ class Runtime:
     # A plain LoRA layer adds its scaled update inside the update's GEMM (ftune's training.lora_add): no
     # tensor of the layer's output size beside the output. False: peft's lora_B output, its scaled copy, sum.
     lora_fused_add: bool = False
-    # On a GPU each Llama-formula RMSNorm and each gated MLP's act(gate) * up run as one compiled kernel
+    # On a GPU each Llama-formula RMSNorm and each gated MLP's act(gate) * up run as one autograd function
     # (ftune's training.fused): a norm keeps its input in its own dtype instead of an fp32 copy, and the MLP
     # keeps no act(gate) (core.planner.memory.fused_norm, fused_gate say for which families).
     fused_norm_mlp: bool = False

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from core.spec import JobSpec
-from training.memory import PeakMemory, model_state_tensors, running_peak, storage_bytes
+from training.memory import PeakMemory, model_state_tensors, reset_cuda_peaks, running_peak, storage_bytes
 from training.model import load_model, trainable_parameters
 
 MB = 1_000_000
@@ -16,6 +17,25 @@ MB = 1_000_000
 def test_running_peak() -> None:
     assert running_peak([3, -1, 5, -7, 2]) == 7
     assert running_peak([]) == 0
+
+
+@pytest.mark.parametrize("initialized", [False, True])
+def test_cuda_peaks_are_reset_once_cuda_is_in_use(monkeypatch: pytest.MonkeyPatch, initialized: bool) -> None:
+    """torch raises 'Invalid device argument' when the peaks are reset before CUDA's first use (every job
+    failed so on an H200): a run resets them only where CUDA is initialized, and never on a CPU. torch's
+    two functions are doubles here (no CUDA on this machine)."""
+    resets: list[torch.device] = []
+
+    def reset(device: torch.device) -> None:
+        if not initialized:
+            raise RuntimeError("Invalid device argument ")
+        resets.append(device)
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialized)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    reset_cuda_peaks(torch.device("cpu"))
+    reset_cuda_peaks(torch.device("cuda:0"))
+    assert resets == ([torch.device("cuda:0")] if initialized else [])
 
 
 def test_storage_bytes_counts_shared_storage_once() -> None:
