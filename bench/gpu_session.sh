@@ -13,7 +13,8 @@
 # 1. installs the wheels in .whl/ (what that python lacks: pydantic and its parts, pydantic-settings,
 #    trl, datasets, dill, multiprocess, bitsandbytes; downloaded beforehand, nothing is fetched here)
 #    into /tmp/site, ahead of the machine's packages on PYTHONPATH;
-# 2. prints nvidia-smi and the versions of what will run;
+# 2. prints nvidia-smi and the versions of what will run, then runs bench/gpu_preflight.py (each kind of
+#    job on a tiny model) and stops there if one fails;
 # 3. bench/gpu_kernels.py (packed attention's kernel, the chunked loss head, host syncs), under a timeout,
 #    then bench/fused_ops.py (compiled norm and gate against the modules' eager ones);
 # 4. bench/gpu_check.py --steps 8 (the planner against the engine), under a timeout;
@@ -81,6 +82,14 @@ import core.run_protocol, training.run  # noqa: F401  the engine's imports resol
 from trl import SFTConfig, SFTTrainer  # noqa: F401
 print("imports ok: core, training.run, trl.SFTTrainer")
 EOF
+
+  # every kind of job on a tiny model first (~15 s): an engine error on this device then costs seconds,
+  # not every bench below (2026-11-27: each job of a 7-minute call failed at its first CUDA line)
+  echo "== bench/gpu_preflight.py at ${SECONDS}s"
+  if ! timeout -k 5 120 python3 bench/gpu_preflight.py --keep "$WORK/preflight"; then
+    echo "== preflight failed at ${SECONDS}s: nothing else runs (fix it here, then call again)"
+    return 1
+  fi
 
   local t
   if [ "${KERNELS:-1}" = 1 ]; then  # KERNELS=0: leave it out (a shorter rerun)

@@ -87,3 +87,20 @@ def test_the_lora_layer_bench_runs_on_a_cpu_and_prints_each_row() -> None:
     labels = ("base linear alone", "peft's forward", "engine's forward", "its ops alone")
     rows = [line for line in done.stdout.splitlines() if line.startswith(labels)]
     assert len(rows) == 4 and all(float(row[20:].split()[0]) > 0 for row in rows), done.stdout
+
+
+def test_the_preflight_runs_a_job_to_its_adapter_and_reports_a_failing_one(tmp_path: Path) -> None:
+    """bench/gpu_preflight.py, which a GPU session runs first: a case that trains says ok; one whose
+    process fails (its base model's weights gone) says FAIL with the process's last lines, and the
+    script exits 1."""
+    done = bench("gpu_preflight.py", "--keep", str(tmp_path), "--only", "sft lora, packed")
+    assert "ok    sft lora, packed" in done.stdout
+    assert "1 ok, 0 failed" in done.stdout
+    for weights in (tmp_path / "models" / "preflight-tiny").glob("*.safetensors"):
+        weights.unlink()
+    failing = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu_preflight.py"), "--keep", str(tmp_path), "--only", "dpo"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert failing.returncode == 1
+    assert "FAIL  dpo" in failing.stdout and "0 ok, 1 failed" in failing.stdout
