@@ -284,10 +284,10 @@ def build(spec: Any, layers: int, fake: Any) -> Any:
         task_type="CAUSAL_LM",
     )
     model = get_peft_model(model, lora)
-    # the compiled norms and gates the recipe installs on a GPU, run eagerly here (the same saved tensors);
+    # the fused norms and gates the recipe installs on a GPU, eagerly as there;
     # the class check first on a real norm (meta and fake tensors have no values to compare)
-    fused.install(type(model.base_model.model.model.norm)(8), torch.device("cpu"), jit=False)
-    assert fused.install(model, torch.device("cpu"), jit=False)["mlps"] == layers
+    fused.install(type(model.base_model.model.model.norm)(8))
+    assert fused.install(model)["mlps"] == layers
     dropout.install(model)
     skip_adapter_input_casts(model)  # as training.recipe does under autocast on a GPU
     lora_add.install(model)  # as training.model.load_model does

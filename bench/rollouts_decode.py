@@ -65,7 +65,7 @@ def engine(spec: JobSpec, model_dir: Path, device: torch.device) -> Any:
     if device.type == "cuda":
         model_lib.use_cuda_paths(net, device, autocast=True)
     else:
-        fused.install(net, device)
+        fused.install(net)
     return net
 
 

@@ -17,10 +17,10 @@ on a probe equals rms_norm's bit for bit (the same formula, not Gemma's 1 + weig
 is Llama's `down_proj(act_fn(gate_proj(x)) * up_proj(x))` with an activation known here, an attention whose
 family's `apply_rotary_pos_emb` computes Llama's on a probe (that module-level function is replaced by one
 that runs the fused one only inside the forwards installed here, the family's own everywhere else).
-install(jit=None) compiles them where torch.compile works on the device (tried once per process), eager
-otherwise, keeping the same tensors. Decoding (a small no-grad call) and code inside torch.compile run the
-modules' own code. The engine installs them where it trains on CUDA, eagerly (training.model.use_cuda_paths:
-compiled they were slower on an H200), for the tensors they do not keep.
+install(jit=True) compiles them (each at its first call; eagerly where that fails, keeping the same
+tensors). Decoding (a small no-grad call) and code inside torch.compile run the modules' own code. The
+engine installs them where it trains on CUDA, eagerly (training.model.use_cuda_paths: compiled after a
+tiny probe they were slower on an H200), for the tensors they do not keep.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ GATES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Gate, GateGrads]]
 
 # -- compiling ------------------------------------------------------------------------------------------
 _compiled: dict[Callable[..., Any], Callable[..., Any]] = {}
-_compiles: dict[tuple[torch.device, Callable[..., Any]], bool] = {}
+_eager: set[Callable[..., Any]] = set()  # those torch.compile failed on: they run eagerly
 
 
 def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -127,56 +127,42 @@ def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
     another length does not compile again), always called without grad and autocast: dynamo compiles
     again for each such global state, and these elementwise ops cast for themselves (autocast changes
     none of them). Past torch's recompile limit (a dtype, a size-1 dimension each add one) a call runs
-    eagerly, keeping the same tensors."""
+    eagerly, keeping the same tensors.
+
+    Compiled at its first real call, never on a probe: under dynamic shapes inductor keeps the launch
+    configs it tuned for the first shape for every later one (pytorch/pytorch#197842), and a 4 x 8 probe
+    (until 2026-11-27) left these kernels 0.21x-0.90x as fast as eager on an H200 at 8,192 tokens. Where
+    that first call fails (no Triton, no C++ compiler), it is logged once and the function runs eagerly
+    from then on: the same tensors kept."""
     if fn not in _compiled:
         jitted = torch.compile(fn, dynamic=True)
+        tried: list[bool] = []
 
         def call(*args: Any) -> Any:
             # plain tensors (not Parameters, no requires_grad): dynamo guards on both
             plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
             with torch.no_grad(), torch.autocast(plain[0].device.type, enabled=False):
-                return jitted(*plain)
+                if fn in _eager:
+                    return fn(*plain)
+                if tried:
+                    return jitted(*plain)
+                tried.append(True)
+                try:
+                    return jitted(*plain)
+                except Exception:  # inductor's errors share no base class: any failure means eager
+                    log.exception("torch.compile fails for %s: it runs eagerly", fn.__name__)
+                    _eager.add(fn)
+                    return fn(*plain)
 
         _compiled[fn] = call
     return _compiled[fn]
 
 
-def compiles(device: torch.device, kinds: set[str] | frozenset[str] = frozenset(GATES)) -> bool:
-    """Whether torch.compile works on `device` (a compiler, Triton on a GPU) for the norm's and the rotary
-    embedding's functions and those of the gates of `kinds`, each tried once per process on small tensors;
-    a failure is logged, and the functions then run eagerly."""
-    fns: list[Callable[..., Any]] = [rms_norm_forward, rms_norm_input_grad, rms_norm_weight_grad]
-    fns += [rope, rope_grad]
-    fns += [fn for kind in sorted(kinds) for fn in GATES[kind][1:]]
-    for fn in fns:
-        if (device, fn) not in _compiles:
-            try:
-                for dtype in (torch.float32, torch.bfloat16):  # weights' and autocast's: each compiles once
-                    x, rstd = torch.randn(4, 8, device=device, dtype=dtype), torch.ones(4, 1, device=device)
-                    compiled(fn)(*_sample_args(fn, x, rstd))
-                _compiles[device, fn] = True
-            except Exception:  # inductor's errors share no base class: any failure means eager
-                log.exception("torch.compile fails on %s: the fused norms and gates run eagerly", device)
-                _compiles[device, fn] = False
-    return all(_compiles[device, fn] for fn in fns)
+def not_compiled() -> list[str]:
+    """The functions torch.compile failed on in this process (they run eagerly)."""
+    return sorted(fn.__name__ for fn in _eager)
 
 
-def _sample_args(fn: Callable[..., Any], x: torch.Tensor, rstd: torch.Tensor) -> tuple[Any, ...]:
-    """Distinct tensors, as a real call passes (dynamo guards on arguments that alias)."""
-    w, other = x[0].clone(), x.clone()
-    heads, position = x.view(4, 2, 4), x[:, None, :4].clone()  # as _heads_rows and _position_rows make them
-    by_fn: dict[Callable[..., Any], tuple[Any, ...]] = {
-        rms_norm_forward: (x, w, 1e-5),
-        rms_norm_input_grad: (other, x, w, rstd),
-        rms_norm_weight_grad: (other, x, rstd),
-        rope: (heads, position, position.clone()),
-        rope_grad: (heads, position, position.clone(), x.dtype),
-    }
-    gate = (x, other) if fn.__code__.co_argcount == 2 else (x.clone(), x, other)  # (gate, up), (grad, ...)
-    return by_fn.get(fn, gate)
-
-
-# -- the autograd functions -----------------------------------------------------------------------------
 # Each sees its tensors as [tokens, features] (views): every batch shape is then one compiled graph (torch
 # specializes dimensions of size 1, which a [1, tokens, features] packed row would make another).
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -292,15 +278,13 @@ def _fused_rotary(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # -- installing -----------------------------------------------------------------------------------------
-def install(model: torch.nn.Module, device: torch.device, jit: bool | None = None) -> dict[str, int]:
+def install(model: torch.nn.Module, jit: bool = False) -> dict[str, int]:
     """The fused forwards on the norms, gated MLPs and attentions (their rotary embeddings) of `model` that
-    compute what they did; returns how many of each. `jit`: compile them (default: where torch.compile
-    works on `device`)."""
+    compute what they did; returns how many of each. `jit`: compile them (Triton on a GPU, C++ on a CPU),
+    each at its first call (see compiled)."""
     norms = [m for m in model.modules() if _is_rms_norm(m)]
     mlps = [(m, kind) for m in model.modules() if (kind := gate_kind(m)) is not None]
     attentions = [m for m in model.modules() if _has_llama_rope(m)]
-    if jit is None:
-        jit = compiles(device, {kind for _, kind in mlps})
     for norm in norms:
         norm.forward = MethodType(_norm_forward(jit), norm)
     for mlp, kind in mlps:

@@ -199,13 +199,14 @@ def use_cuda_paths(model, device: torch.device, autocast: bool) -> str:
     backward, 2026-11-27): norm 0.93 ms against eager's 0.84 (0.90x), act(gate) * up 1.81 against 0.38
     (0.21x), rotary 1.33 against 0.69 (0.52x), and the 1.1B LoRA's step in bench/gpu_vs_trl.py went from
     ~205 to 263 ms. Run eagerly they keep the same fewer tensors (the planner's Runtime.fused_norm_mlp) at
-    0.93, 0.43 and 0.68 ms."""
+    0.93, 0.43 and 0.68 ms. Those kernels had been tuned on a 4 x 8 probe (training.fused.compiled); now
+    compiled at their first real call, they are not timed on a GPU yet."""
     if device.type != "cuda":
         return "none (not CUDA)"
     from training import fused
 
     casts = skip_adapter_input_casts(model) if autocast else 0
-    return f"LoRA input casts off on {casts} layers; fused, eager: {fused.install(model, device, jit=False)}"
+    return f"LoRA input casts off on {casts} layers; fused, eager: {fused.install(model)}"
 
 
 def read_trained_adapter(path: Path):

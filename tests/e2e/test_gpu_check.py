@@ -58,7 +58,7 @@ def test_the_fused_ops_bench_runs_on_a_cpu_and_prints_both_sides() -> None:
     and the fused time side by side, and no new tensor kept by the fused ones (the rotary embeddings keep
     the model's cos and sin, as eager does)."""
     done = bench("fused_ops.py", "--tokens", "64", "--repeat", "1")
-    assert "torch.compile works: True" in done.stdout
+    assert "torch.compile failed on: none" in done.stdout  # the fused column was compiled
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith(("RMSNorm", "silu"))]
     assert len(rows) == 2, done.stdout
     for row in rows:
