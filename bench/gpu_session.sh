@@ -1,28 +1,31 @@
 #!/usr/bin/env bash
 # One GPU session in ~9 minutes, run from the repository root on a lent CUDA machine whose python3
 # already has torch, transformers, peft, accelerate, numpy, pandas, pyarrow, tokenizers, safetensors.
-# A session is lent 15 minutes of device time, the machine's start (1-2 minutes) included, so make it one
-# call (timeout_s 600) of everything but the kernel benches:
+# A session is lent 15 minutes of device time, the machine's start included (~35 s on 2026-11-27), so
+# make two calls, the second at once after the first (the machine goes back after 30 s idle) and reusing
+# its 1.1B model:
 #
-#     WORK=/tmp/ftune-gpu TOTAL=570 KERNELS=0 GRPO=1 bash bench/gpu_session.sh
+#     WORK=/tmp/ftune-gpu TOTAL=570 KERNELS=0 bash bench/gpu_session.sh                          # timeout_s 600
+#     WORK=/tmp/ftune-gpu TOTAL=200 KERNELS=0 FUSED=0 SFT=0 PREFLIGHT=0 GRPO=1 bash bench/gpu_session.sh
 #
-# (2026-11-27, H200: the SFT parts took ~220 s, gpu_grpo ~40 s a config, rollouts_decode ~160 s.)
-# A later call on the same, still warm machine (it goes back after 30 s idle) can reuse WORK's 1.1B model.
+# (2026-11-27, H200: building the 1.1B model ~35 s, a gpu_vs_trl run 40-60 s, a gpu_check config ~36 s,
+# rollouts_decode ~160 s.)
 #
 # .whl/ is git-ignored (.git/info/exclude): a device call must carry it (carry: [".whl"]).
 # 1. installs the wheels in .whl/ (what that python lacks: pydantic and its parts, pydantic-settings,
 #    trl, datasets, dill, multiprocess, bitsandbytes; downloaded beforehand, nothing is fetched here)
 #    into /tmp/site, ahead of the machine's packages on PYTHONPATH;
 # 2. prints nvidia-smi and the versions of what will run, then runs bench/gpu_preflight.py (each kind of
-#    job on a tiny model) and stops there if one fails;
-# 3. bench/gpu_kernels.py (packed attention's kernel, the chunked loss head, host syncs), under a timeout,
-#    then bench/fused_ops.py (compiled norm and gate against the modules' eager ones);
-# 4. bench/gpu_check.py --steps 8 (the planner against the engine), under a timeout;
-# 5. bench/gpu_vs_trl.py (ftune against TRL's SFTTrainer), under a timeout, reusing gpu_check's model;
-#    CKPT=1 adds a second pass with gradient checkpointing on, if time is left;
+#    job on a tiny model; PREFLIGHT=0 leaves it out) and stops there if one fails;
+# 3. bench/gpu_kernels.py (packed attention's kernel, the chunked loss head, host syncs; KERNELS=0 leaves
+#    it out), then bench/fused_ops.py (the fused norm, gate and rotary embedding, compiled and eager,
+#    against the modules' own; FUSED=0 leaves it out), each under a timeout;
+# 4. bench/gpu_vs_trl.py --compiled-fused (ftune against TRL's SFTTrainer, and ftune with its fused
+#    functions compiled), under a timeout; CKPT=1 adds a pass with gradient checkpointing on, if time is left;
+# 5. bench/gpu_check.py --steps 6 (the planner against the engine), under a timeout, reusing that model;
 #    (SFT=0 leaves steps 4 and 5 out.)
 # 6. GRPO=1: bench/gpu_grpo.py --steps 3 (objective grpo: its phases and the planner; GRPO_SHARE seconds
-#    are left for this part by step 5), bench/rollouts_decode.py (ms per decoding step: the engine's
+#    are left for this part by steps 4 and 5), bench/rollouts_decode.py (ms per decoding step: the engine's
 #    rollouts against transformers alone and with peft's LoRA, prompt by prompt as before, and with a
 #    static cache, which transformers compiles with CUDA graphs) and bench/lora_layer.py (us per call of
 #    one LoRA linear at the 1.1B's width: host time per module), each if time is left.
@@ -46,6 +49,7 @@ part_timeout() {
   local share=$1 reserve=$2 t
   t=$(($(left) - reserve))
   ((t > share)) && t=$share
+  ((t < 1)) && t=1  # no time left: the part is stopped at once
   echo $t
 }
 
@@ -85,10 +89,12 @@ EOF
 
   # every kind of job on a tiny model first (~15 s): an engine error on this device then costs seconds,
   # not every bench below (2026-11-27: each job of a 7-minute call failed at its first CUDA line)
-  echo "== bench/gpu_preflight.py at ${SECONDS}s"
-  if ! timeout -k 5 120 python3 bench/gpu_preflight.py --keep "$WORK/preflight"; then
-    echo "== preflight failed at ${SECONDS}s: nothing else runs (fix it here, then call again)"
-    return 1
+  if [ "${PREFLIGHT:-1}" = 1 ]; then
+    echo "== bench/gpu_preflight.py at ${SECONDS}s"
+    if ! timeout -k 5 120 python3 bench/gpu_preflight.py --keep "$WORK/preflight"; then
+      echo "== preflight failed at ${SECONDS}s: nothing else runs (fix it here, then call again)"
+      return 1
+    fi
   fi
 
   local t
@@ -97,27 +103,31 @@ EOF
     echo "== bench/gpu_kernels.py (timeout ${t}s) at ${SECONDS}s"
     timeout -k 10 "$t" python3 bench/gpu_kernels.py
     echo "gpu_kernels exit $? at ${SECONDS}s"
-    t=$(part_timeout 60 400)
+  fi
+  if [ "${FUSED:-1}" = 1 ]; then  # FUSED=0: leave it out
+    t=$(part_timeout 60 300)
     echo "== bench/fused_ops.py (timeout ${t}s) at ${SECONDS}s"
     timeout -k 10 "$t" python3 bench/fused_ops.py
     echo "fused_ops exit $? at ${SECONDS}s"
   fi
 
-  # what gpu_vs_trl leaves for the grpo part when both run in one call
-  local vs_tail=10
-  [ "${GRPO:-0}" = 1 ] && vs_tail=${GRPO_SHARE:-230}
-  if [ "${SFT:-1}" = 1 ]; then  # SFT=0: leave gpu_check and gpu_vs_trl out (e.g. GRPO=1 SFT=0: grpo only)
-    t=$(part_timeout 200 "${VS_RESERVE:-240}")
-    echo "== bench/gpu_check.py --steps 8 (timeout ${t}s) at ${SECONDS}s"
-    timeout -k 15 "$t" python3 bench/gpu_check.py --steps 8 --keep "$WORK/check" | tee "$WORK/gpu_check.out"
+  # what the SFT part leaves for the grpo part when both run in one call
+  local sft_tail=10
+  [ "${GRPO:-0}" = 1 ] && sft_tail=${GRPO_SHARE:-170}
+  if [ "${SFT:-1}" = 1 ]; then  # SFT=0: leave gpu_vs_trl and gpu_check out (e.g. GRPO=1 SFT=0: grpo only)
+    # gpu_vs_trl first (the speed goal, and the fused functions compiled or eager on the whole step); it
+    # builds the 1.1B model where gpu_check then finds it
+    t=$(part_timeout 260 $((sft_tail + 120)))
+    echo "== bench/gpu_vs_trl.py --compiled-fused (timeout ${t}s) at ${SECONDS}s"
+    timeout -k 15 "$t" python3 bench/gpu_vs_trl.py --compiled-fused --keep "$WORK/vs" \
+      --models "$WORK/check/models" --budget $((t - 25)) --run-timeout 120 --json-out "$OUT/gpu_vs_trl.json"
+    echo "gpu_vs_trl exit $? at ${SECONDS}s"
+
+    t=$(part_timeout 170 "$sft_tail")
+    echo "== bench/gpu_check.py --steps 6 (timeout ${t}s) at ${SECONDS}s"
+    timeout -k 15 "$t" python3 bench/gpu_check.py --steps 6 --keep "$WORK/check" | tee "$WORK/gpu_check.out"
     echo "gpu_check exit ${PIPESTATUS[0]} at ${SECONDS}s"
     grep '^\[{"config"' "$WORK/gpu_check.out" | tail -1 > "$OUT/gpu_check.json"
-
-    t=$(part_timeout 330 "$vs_tail")
-    echo "== bench/gpu_vs_trl.py (timeout ${t}s) at ${SECONDS}s"
-    timeout -k 15 "$t" python3 bench/gpu_vs_trl.py --keep "$WORK/vs" --models "$WORK/check/models" \
-      --budget $((t - 25)) --run-timeout 120 --json-out "$OUT/gpu_vs_trl.json"
-    echo "gpu_vs_trl exit $? at ${SECONDS}s"
 
     if [ "${CKPT:-0}" = 1 ] && (($(left) > 150)); then
       t=$(part_timeout 330 10)

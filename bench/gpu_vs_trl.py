@@ -1,7 +1,8 @@
 """ftune's engine against TRL's SFTTrainer on one GPU: the same model, data, LoRA, batch, precision and
 gradient checkpointing, each run in a process of its own.
 
-    python3 bench/gpu_vs_trl.py [--steps 30] [--checkpointing] [--keep DIR] [--models DIR] [--json-out FILE]
+    python3 bench/gpu_vs_trl.py [--steps 30] [--checkpointing] [--compiled-fused] [--keep DIR] [--models DIR]
+                                [--json-out FILE]
 
 Builds a ~1.1B-parameter Llama-shaped model (bench/gpu_check.py's shape and name: random weights, the demo
 tokenizer, no download; --models reuses one gpu_check.py built) and 2,000 chat rows (a user turn and an
@@ -12,6 +13,9 @@ assistant reply, lognormal lengths, median ~120 words) as JSONL, then trains fou
   trl packed      TRL's SFTTrainer (bench/trl_reference.py), packing=True (best-fit decreasing, padding-free)
   trl padded      TRL's SFTTrainer, padded micro-batches (transformers' length-grouped sampler, where it has
                   one: ftune's padded batches are length-grouped too)
+  ftune jit       with --compiled-fused, after ftune packed: the same, with the engine's fused norms, gates
+                  and rotary embeddings compiled (training.fused, jit=True) instead of run eagerly: the A/B
+                  that decides the engine's default on CUDA
 
 Both sides: LoRA r16 alpha 32 dropout 0 on all linear layers; base weights bf16 under bf16 autocast (the
 LoRA weights fp32, peft's and ftune's default); micro-batch 8 x max_seq_len 1024 (packed: 8 rows of up to
@@ -176,12 +180,17 @@ def job_spec(setup: Setup, packing: bool, base_model: str):  # -> core.spec.JobS
 # -- the processes that train --------------------------------------------------------------------------------
 
 
-def ftune_entry(run_json: str) -> int:
-    """Train through the engine's own entry point in this process, then record the allocator's peaks."""
+def ftune_entry(run_json: str, compiled_fused: bool = False) -> int:
+    """Train through the engine's own entry point in this process, then record the allocator's peaks.
+    `compiled_fused`: the engine's fused functions compiled (this process's training.fused.install)."""
     import torch
 
-    from training import memory
+    from training import fused, memory
     from training.run import main
+
+    if compiled_fused:
+        install = fused.install
+        fused.install = lambda model, jit=True: install(model, jit=True)  # type: ignore[assignment]
 
     if not torch.cuda.is_available():
         # The smoke times nothing, and ftune's CPU memory profiling of its first steps (training.memory)
@@ -241,6 +250,7 @@ class Run:
     name: str
     engine: str  # "ftune" | "trl"
     packing: bool
+    compiled_fused: bool = False  # ftune: its fused functions compiled (--compiled-fused)
 
     @property
     def dir_name(self) -> str:
@@ -250,6 +260,7 @@ class Run:
 # The pairs first: a budget that runs out still leaves a comparison.
 RUNS = (Run("ftune packed", "ftune", True), Run("trl packed", "trl", True),
         Run("ftune padded", "ftune", False), Run("trl padded", "trl", False))  # fmt: skip
+COMPILED_FUSED = Run("ftune jit", "ftune", True, compiled_fused=True)
 
 
 def start_run(run: Run, setup: Setup, model: Path, data: Path, work: Path) -> Process:
@@ -264,7 +275,11 @@ def start_run(run: Run, setup: Setup, model: Path, data: Path, work: Path) -> Pr
             job_id=run.dir_name, spec=spec, model_dir=str(model), dataset_path=str(data), output_dir=str(out)
         )
         (out / "run.json").write_text(config.model_dump_json())
-        entry = ["--ftune-entry", str(out / "run.json")]
+        entry = [
+            "--ftune-entry",
+            str(out / "run.json"),
+            *(["--compiled-fused"] if run.compiled_fused else []),
+        ]
     else:
         job = {
             "spec": json.loads(spec.model_dump_json()),
@@ -374,6 +389,9 @@ def main() -> int:
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on, both sides")
     parser.add_argument("--attn", default="sdpa", choices=["sdpa", "flash_attention_2"])
     parser.add_argument("--smoke", action="store_true", help="the tiny CPU run, also where CUDA is present")
+    parser.add_argument(
+        "--compiled-fused", action="store_true", help="also ftune with its fused functions compiled"
+    )
     parser.add_argument("--keep", type=Path, help="work directory (default: a temporary one)")
     parser.add_argument(
         "--models", type=Path, help="where the model is built or found (default: WORK/models)"
@@ -387,7 +405,7 @@ def main() -> int:
     parser.add_argument("--trl-entry", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.ftune_entry:
-        return ftune_entry(args.ftune_entry)
+        return ftune_entry(args.ftune_entry, args.compiled_fused)
     if args.trl_entry:
         return trl_entry(args.trl_entry)
 
@@ -431,12 +449,13 @@ def main() -> int:
         f"timed: steps 2..{setup.steps}; MFU = 6 x parameters x tok/s / bf16 peak",
         flush=True,
     )
-    if smoke:  # a test of the script, not a measurement: the four at once
-        procs = [(run, start_run(run, setup, model, data, work)) for run in RUNS]
+    runs = [*RUNS[:1], COMPILED_FUSED, *RUNS[1:]] if args.compiled_fused else list(RUNS)
+    if smoke:  # a test of the script, not a measurement: all at once
+        procs = [(run, start_run(run, setup, model, data, work)) for run in runs]
         rows = [collect(run, setup, *proc.wait(run_timeout), work) for run, proc in procs]
     else:  # one after another: each alone on the GPU
         rows = []
-        for run in RUNS:
+        for run in runs:
             left = args.budget - (time.monotonic() - start)
             if left < 30:
                 why = f"skipped: the budget of {args.budget:.0f} s is spent"
@@ -457,7 +476,7 @@ def main() -> int:
     f, t = best(rows, "ftune"), best(rows, "trl")
     ratio = f["tokens_per_s"] / t["tokens_per_s"] if f and t else None
     if f and t:
-        note = "  (smoke: a tiny model on a CPU, four runs at once; not a measurement)" if smoke else ""
+        note = "  (smoke: a tiny model on a CPU, all runs at once; not a measurement)" if smoke else ""
         print(
             f"\nftune best / TRL best: {f['run']} {f['tokens_per_s']:.0f} tok/s / {t['run']} "
             f"{t['tokens_per_s']:.0f} tok/s = {ratio:.2f}x{note}"
