@@ -22,7 +22,8 @@
 #    against the modules' own; FUSED=0 leaves it out), each under a timeout;
 # 4. bench/gpu_vs_trl.py --compiled-fused (ftune against TRL's SFTTrainer, and ftune with its fused
 #    functions compiled), under a timeout; CKPT=1 adds a pass with gradient checkpointing on, if time is left;
-# 5. bench/gpu_check.py --steps 6 (the planner against the engine), under a timeout, reusing that model;
+# 5. bench/gpu_check.py --steps 6 (the planner against the engine), under a timeout, reusing that model,
+#    then bench/step_profile.py (where the 1.1B step's time goes, by kernel; PROFILE=0 leaves it out);
 #    (SFT=0 leaves steps 4 and 5 out.)
 # 6. GRPO=1: bench/gpu_grpo.py --steps 3 (objective grpo: its phases and the planner; GRPO_SHARE seconds
 #    are left for this part by steps 4 and 5), bench/rollouts_decode.py (ms per decoding step: the engine's
@@ -128,6 +129,13 @@ EOF
     timeout -k 15 "$t" python3 bench/gpu_check.py --steps 6 --keep "$WORK/check" | tee "$WORK/gpu_check.out"
     echo "gpu_check exit ${PIPESTATUS[0]} at ${SECONDS}s"
     grep '^\[{"config"' "$WORK/gpu_check.out" | tail -1 > "$OUT/gpu_check.json"
+
+    if [ "${PROFILE:-1}" = 1 ] && (($(left) > sft_tail + 40)); then  # PROFILE=0: leave it out
+      t=$(part_timeout 90 "$sft_tail")
+      echo "== bench/step_profile.py (timeout ${t}s) at ${SECONDS}s"
+      timeout -k 10 "$t" python3 bench/step_profile.py --models "$WORK/check/models"
+      echo "step_profile exit $? at ${SECONDS}s"
+    fi
 
     if [ "${CKPT:-0}" = 1 ] && (($(left) > 150)); then
       t=$(part_timeout 330 10)

@@ -104,3 +104,13 @@ def test_the_preflight_runs_a_job_to_its_adapter_and_reports_a_failing_one(tmp_p
     )  # fmt: skip
     assert failing.returncode == 1
     assert "FAIL  dpo" in failing.stdout and "0 ok, 1 failed" in failing.stdout
+
+
+def test_the_step_profile_runs_on_a_cpu_and_splits_the_step_by_kind() -> None:
+    """bench/step_profile.py on this CPU (the smoke's tiny model): the step's wall time beside the time of
+    its operators, split by kind, and the operators that take the most."""
+    done = bench("step_profile.py", "--steps", "3", "--rows", "3")
+    assert "step_profile on CPU" in done.stdout and "profiled: steps 3..3" in done.stdout
+    kinds = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ") and "%" in line]
+    assert "matrix" in kinds and "attention" in kinds, done.stdout
+    assert "aten::mm" in done.stdout

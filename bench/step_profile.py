@@ -1,0 +1,129 @@
+"""Where the engine's training step spends its time on the device found: bench/gpu_vs_trl.py's "ftune packed"
+job (its 1.1B model, rows and spec: micro-batch 8 x 1024 packed, LoRA r16, bf16, no checkpointing) run
+through the recipe (training.recipe setup -> train) under torch.profiler, for the numbers the MFU goal needs
+and a timing cannot give.
+
+    python bench/step_profile.py [--steps 8] [--models DIR] [--jit] [--rows 25]
+
+Prints the steps' wall time beside the device's busy time (the kernels' time summed: what a step would
+take with no gap between kernels), that time by kind of kernel (matrix products, attention, the loss head,
+elementwise and the rest, by kernel name), and the kernels that take the most. --jit: the engine's fused
+functions compiled (as bench/gpu_vs_trl.py --compiled-fused). On a CPU (its smoke test) the smoke's tiny
+model and the CPU's operators stand in for kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# a kernel's kind, by the first of these its name contains (lowercase); the rest is "other"
+KINDS = [
+    ("matrix products", ("gemm", "xmma", "cutlass", "cublas", "matmul", "addmm", "mm")),
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("loss head", ("cross_entropy", "log_softmax", "nll")),
+    ("optimizer", ("adam", "foreach", "multi_tensor")),
+    ("elementwise", ("elementwise", "vectorized", "triton", "reduce", "copy", "fill", "cat")),
+]
+
+
+def kind(name: str) -> str:
+    low = name.lower()
+    return next((k for k, marks in KINDS if any(m in low for m in marks)), "other")
+
+
+class Never:
+    def is_set(self) -> bool:
+        return False
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps; 3 on are profiled")
+    parser.add_argument("--models", type=Path, help="where gpu_check.py built its model (else built here)")
+    parser.add_argument("--jit", action="store_true", help="the fused functions compiled")
+    parser.add_argument("--rows", type=int, default=25, help="kernels listed")
+    args = parser.parse_args()
+    if args.steps < 3:
+        parser.error("--steps must be 3 or more (steps 1 and 2 are the warm-up)")
+
+    import gpu_vs_trl as vs
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from core.run_protocol import RunConfig
+    from training import fused, memory, recipe
+
+    cuda = torch.cuda.is_available()
+    work = Path(tempfile.mkdtemp(prefix="step-profile-"))
+    options = argparse.Namespace(steps=args.steps, checkpointing=False, attn="sdpa")
+    setup = vs.gpu_setup(options) if cuda else vs.smoke_setup(options)
+    setup = vs.Setup(**{**setup.__dict__, "steps": args.steps})
+    model = vs.build_model(args.models or work / "models", smoke=not cuda)
+    data = vs.write_rows(work / "rows.jsonl", setup.rows, setup.median_words)
+    spec = vs.job_spec(setup, True, model.name)
+    config = RunConfig(job_id="profile", spec=spec, model_dir=str(model), dataset_path=str(data),
+                       output_dir=str(work / "out"))  # fmt: skip
+    if args.jit:
+        install = fused.install
+        fused.install = lambda model, jit=True: install(model, jit=True)  # type: ignore[assignment]
+    if not cuda:  # the CPU's peak memory is measured with torch's profiler, which cannot nest in this one
+        memory.PeakMemory.__init__.__defaults__ = (0,)  # (a GPU's peak is the allocator's, never profiled)
+    state = recipe.setup(config, Never())
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    # steps 1-2 (the warm-up: cuBLAS' and the compiler's first calls) not profiled; each step's record
+    # (the step has waited for the device by then) moves the profiler on and marks the time
+    schedule = torch.profiler.schedule(wait=1, warmup=1, active=args.steps - 2)
+    marks: list[float] = []
+    record = recipe.record_step
+
+    def record_and_mark(*a: object, **kw: object) -> None:
+        record(*a, **kw)
+        marks.append(time.perf_counter())
+        prof.step()
+
+    recipe.record_step = record_and_mark  # type: ignore[assignment]
+    with profile(activities=activities, schedule=schedule) as prof:
+        recipe.train(state)
+    steps = args.steps - 2
+    wall = marks[-1] - marks[1]  # steps 3..N
+
+    device_time = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, device_time) > 0 and e.key != "ProfilerStep*"]
+    if cuda:  # kernels only: CPU-side operators report no device time of their own
+        events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = sum(getattr(e, device_time) for e in events)
+    by_kind: dict[str, float] = defaultdict(float)
+    for e in events:
+        by_kind[kind(e.key)] += getattr(e, device_time)
+    where = torch.cuda.get_device_name(0) if cuda else "CPU (smoke: not a measurement)"
+    print(
+        f"step_profile on {where}: {steps} steps, micro-batch {setup.micro_batch} x {setup.max_seq_len} "
+        f"packed, fused {'compiled' if args.jit else 'eager'}; profiled: steps 3..{args.steps}"
+    )
+    print(
+        f"wall {wall / steps * 1e3:8.1f} ms a step (profiled); device busy {busy_us / steps / 1e3:8.1f} ms "
+        f"a step ({busy_us / 1e6 / wall:.0%} of the wall)"
+    )
+    for name, us in sorted(by_kind.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:16} {us / steps / 1e3:8.2f} ms a step  {us / busy_us:6.1%}")
+    print(f"\nthe {args.rows} kernels that take the most (ms a step, calls a step, kind):")
+    for e in sorted(events, key=lambda e: -getattr(e, device_time))[: args.rows]:
+        name = e.key if len(e.key) <= 90 else e.key[:87] + "..."
+        ms = getattr(e, device_time) / steps / 1e3
+        print(f"  {ms:8.2f} {e.count / steps:7.1f}  {kind(e.key):16} {name}")
+    if args.jit:
+        print(f"torch.compile failed on: {', '.join(fused.not_compiled()) or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT / "bench"))
+    raise SystemExit(main())
