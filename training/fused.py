@@ -136,18 +136,19 @@ def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
     from then on: the same tensors kept."""
     if fn not in _compiled:
         jitted = torch.compile(fn, dynamic=True)
-        tried: list[bool] = []
+        first = True
 
         def call(*args: Any) -> Any:
+            nonlocal first
             # plain tensors (not Parameters, no requires_grad): dynamo guards on both
             plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
             with torch.no_grad(), torch.autocast(plain[0].device.type, enabled=False):
                 if fn in _eager:
                     return fn(*plain)
-                if tried:
+                if not first:
                     return jitted(*plain)
-                tried.append(True)
-                try:
+                first = False
+                try:  # the first call compiles
                     return jitted(*plain)
                 except Exception:  # inductor's errors share no base class: any failure means eager
                     log.exception("torch.compile fails for %s: it runs eagerly", fn.__name__)
@@ -163,6 +164,7 @@ def not_compiled() -> list[str]:
     return sorted(fn.__name__ for fn in _eager)
 
 
+# -- the autograd functions -----------------------------------------------------------------------------
 # Each sees its tensors as [tokens, features] (views): every batch shape is then one compiled graph (torch
 # specializes dimensions of size 1, which a [1, tokens, features] packed row would make another).
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -13,10 +13,10 @@ tokens, ending at EOS. The KV cache grows as they do; `cache="static"` (bench/ro
 one of the whole length, with which transformers compiles the decoding step on CUDA (CUDA graphs): not
 timed on a GPU yet, so not the engine's. It needs transformers >= 5.24: before, a static cache held values
 in the keys' dtype, and under bf16 autocast with fp32 weights a Llama caches fp32 keys (rotated in the
-residual stream's dtype) beside bf16 values (on an H200 with 5.17: index_copy_ refused the values). The
-sampling RNG is forked and seeded from (seed, step, chunk),
-so a step's samples are a pure function of the weights and the step: a resumed run samples what an
-uninterrupted one would have.
+residual stream's dtype) beside bf16 values (on an H200 with 5.17: index_copy_ refused the values).
+
+The sampling RNG is forked and seeded from (seed, step, chunk), so a step's samples are a pure function
+of the weights and the step: a resumed run samples what an uninterrupted one would have.
 """
 
 from __future__ import annotations
