@@ -14,7 +14,8 @@
 # .whl/ is git-ignored (.git/info/exclude): a device call must carry it (carry: [".whl"]).
 # 1. installs the wheels in .whl/ (what that python lacks: pydantic and its parts, pydantic-settings,
 #    trl, datasets, dill, multiprocess, bitsandbytes; downloaded beforehand, nothing is fetched here)
-#    into /tmp/site, ahead of the machine's packages on PYTHONPATH;
+#    into /tmp/site, ahead of the machine's packages on PYTHONPATH (.whl/decode/: transformers 5.24.0 and
+#    huggingface-hub 1.31.0, for rollouts_decode alone: ~14 MB of the call's 64 MiB);
 # 2. prints nvidia-smi and the versions of what will run, then runs bench/gpu_preflight.py (each kind of
 #    job on a tiny model; PREFLIGHT=0 leaves it out) and stops there if one fails;
 # 3. bench/gpu_kernels.py (packed attention's kernel, the chunked loss head, host syncs; KERNELS=0 leaves
@@ -26,10 +27,10 @@
 #    then bench/step_profile.py (where the 1.1B step's time goes, by kernel; PROFILE=0 leaves it out);
 #    (SFT=0 leaves steps 4 and 5 out.)
 # 6. GRPO=1: bench/gpu_grpo.py --steps 3 (objective grpo: its phases and the planner; GRPO_SHARE seconds
-#    are left for this part by steps 4 and 5), bench/rollouts_decode.py (ms per decoding step: the engine's
-#    rollouts against transformers alone and with peft's LoRA, prompt by prompt as before, and with a
-#    static cache, which transformers compiles with CUDA graphs) and bench/lora_layer.py (us per call of
-#    one LoRA linear at the 1.1B's width: host time per module), each if time is left.
+#    are left for this part by steps 4 and 5), bench/rollouts_decode.py --now (ms per decoding step: the
+#    engine's rollouts against transformers alone and with a static cache, which transformers compiles with
+#    CUDA graphs; it needs transformers 5.24: the wheels in .whl/decode/, if any, are put first for it) and
+#    bench/lora_layer.py (us per call of one LoRA linear at the 1.1B's width), each if time is left.
 # Everything goes to $OUT/log.txt; results to $OUT/gpu_check.json, $OUT/gpu_vs_trl.json
 # ($OUT/gpu_vs_trl_ckpt.json, $OUT/gpu_grpo.json), $OUT/run_details.json (each gpu_vs_trl run's step records) and
 # $OUT/runs_tail.txt (the end of each of its training processes' logs).
@@ -154,9 +155,17 @@ EOF
     timeout -k 15 "$t" python3 bench/gpu_grpo.py --steps 3 --keep "$WORK/grpo" --models "$WORK/check/models" \
       --json "$OUT/gpu_grpo.json"
     echo "gpu_grpo exit $? at ${SECONDS}s"
+    # the static cache needs transformers >= 5.24 (training.rollouts): wheels in .whl/decode/ (transformers
+    # and the huggingface-hub it needs) are put ahead of the rest for this bench alone
+    local decode_path=$PYTHONPATH
+    if ls "$WHL"/decode/*.whl > /dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site-decode "$WHL"/decode/*.whl && decode_path=/tmp/site-decode:$PYTHONPATH
+    fi
     t=$(part_timeout 200 "${LORA_LAYER_SHARE:-0}")
-    echo "== bench/rollouts_decode.py --repeats 1 (timeout ${t}s) at ${SECONDS}s"
-    timeout -k 10 "$t" python3 bench/rollouts_decode.py --repeats 1 --models "$WORK/check/models"
+    echo "== bench/rollouts_decode.py --repeats 1 --now (timeout ${t}s) at ${SECONDS}s"
+    PYTHONPATH=$decode_path timeout -k 10 "$t" python3 bench/rollouts_decode.py --repeats 1 --now \
+      --models "$WORK/check/models"
     echo "rollouts_decode exit $? at ${SECONDS}s"
     if (($(left) > 20)); then
       t=$(part_timeout 40 0)

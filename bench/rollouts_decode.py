@@ -2,7 +2,7 @@
 per decoding step, side by side, on this machine's device.
 
     python bench/rollouts_decode.py [--prompts 2] [--generations 8] [--tokens 128] [--layers N]
-                                    [--repeats 2] [--compile-cpu] [--models DIR]
+                                    [--repeats 2] [--compile-cpu] [--models DIR] [--now]
 
 Rows, each the mean of --repeats timed calls after one untimed (compiling) call, all of them sampling the
 same prompts; ms / step is the time per decoding step (a call decodes as many steps as its longest answer):
@@ -93,6 +93,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, help="fewer layers than gpu_check's 22 (a quick check)")
     parser.add_argument("--models", type=Path, help="a models directory to build in, or reuse (gpu_check's)")
     parser.add_argument("--compile-cpu", action="store_true", help="compile the static cache's step on a CPU")
+    parser.add_argument("--now", action="store_true", help="transformers alone, the engine, the static cache")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     work = Path(tempfile.mkdtemp(prefix="rollouts-decode-"))
@@ -124,7 +125,7 @@ def main() -> int:
     lora = LoraConfig(
         r=spec.lora_r, lora_alpha=spec.lora_alpha, lora_dropout=0.0, target_modules="all-linear"
     )
-    with_peft = get_peft_model(base(), lora)
+    with_peft = None if args.now else get_peft_model(base(), lora)
     net = engine(spec, model_dir, device)
     if args.compile_cpu and device.type == "cpu":
         from transformers import CompileConfig
@@ -139,9 +140,11 @@ def main() -> int:
 
     rows = [
         ("transformers alone", run(bare), args.prompts),
-        ("transformers + peft", run(with_peft), args.prompts),
-        ("engine, fused always (before)", fused_always, args.prompts),
-        ("engine, prompt by prompt (before)", run(net, chunk=1), 1),
+        *([] if args.now else [
+            ("transformers + peft", run(with_peft), args.prompts),
+            ("engine, fused always (before)", fused_always, args.prompts),
+            ("engine, prompt by prompt (before)", run(net, chunk=1), 1),
+        ]),
         ("engine (now)", run(net), args.prompts),
         ("engine, static cache" + (" compiled" if args.compile_cpu or device.type == "cuda" else ""),
          run(net, cache="static"), args.prompts),
@@ -149,7 +152,12 @@ def main() -> int:
     name = (
         torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     )
-    print(f"{name}: {args.prompts} prompts x {args.generations} generations, up to {args.tokens} tokens")
+    import transformers
+
+    print(
+        f"{name}, transformers {transformers.__version__}: {args.prompts} prompts x {args.generations} "
+        f"generations, up to {args.tokens} tokens"
+    )
     print(f"{'':34} {'ms / step':>10} {'steps':>6} {'seconds':>8}")
     failed = 0
     for label, call, chunk in rows:
