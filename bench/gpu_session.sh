@@ -11,7 +11,8 @@
 # (2026-11-27, H200: building the 1.1B model ~35 s, a gpu_vs_trl run 40-60 s, a gpu_check config ~36 s,
 # rollouts_decode ~160 s.)
 #
-# .whl/ is git-ignored (.git/info/exclude): a device call must carry it (carry: [".whl"]).
+# .whl/ is git-ignored (.git/info/exclude): `bash bench/gpu_wheels.sh` fills it here, and a device call must
+# carry it (carry: [".whl"]).
 # 1. installs the wheels in .whl/ (what that python lacks: pydantic and its parts, pydantic-settings,
 #    trl, datasets, dill, multiprocess, bitsandbytes; downloaded beforehand, nothing is fetched here)
 #    into /tmp/site, ahead of the machine's packages on PYTHONPATH (.whl/decode/: transformers 5.24.0 and
