@@ -6,10 +6,11 @@
 # its 1.1B model:
 #
 #     WORK=/tmp/ftune-gpu TOTAL=570 KERNELS=0 bash bench/gpu_session.sh                          # timeout_s 600
-#     WORK=/tmp/ftune-gpu TOTAL=200 KERNELS=0 FUSED=0 SFT=0 PREFLIGHT=0 GRPO=1 bash bench/gpu_session.sh
+#     WORK=/tmp/ftune-gpu TOTAL=230 KERNELS=0 FUSED=0 SFT=0 PREFLIGHT=0 GRPO=1 bash bench/gpu_session.sh
+#                                                                           # timeout_s 250, or what is left
 #
 # (2026-11-27, H200: building the 1.1B model ~35 s, a gpu_vs_trl run 40-60 s, a gpu_check config ~36 s,
-# rollouts_decode ~160 s.)
+# rollouts_decode ~160 s for its 6 rows, 3 with --now.)
 #
 # .whl/ is git-ignored (.git/info/exclude): `bash bench/gpu_wheels.sh` fills it here, and a device call must
 # carry it (carry: [".whl"]).
@@ -151,7 +152,7 @@ EOF
 
   if [ "${GRPO:-0}" = 1 ] && (($(left) > 60)); then
     # gpu_grpo first: its timing is known (~35 s a config); the static-cache row of rollouts_decode compiles
-    t=$(part_timeout 170 60)
+    t=$(part_timeout 170 80)  # 80 s left for rollouts_decode's three rows
     echo "== bench/gpu_grpo.py --steps 3 (timeout ${t}s) at ${SECONDS}s"
     timeout -k 15 "$t" python3 bench/gpu_grpo.py --steps 3 --keep "$WORK/grpo" --models "$WORK/check/models" \
       --json "$OUT/gpu_grpo.json"
