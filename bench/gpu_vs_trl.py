@@ -4,9 +4,10 @@ gradient checkpointing, each run in a process of its own.
     python3 bench/gpu_vs_trl.py [--steps 30] [--checkpointing] [--compiled-fused] [--keep DIR] [--models DIR]
                                 [--json-out FILE]
 
-Builds a ~1.1B-parameter Llama-shaped model (bench/gpu_check.py's shape and name: random weights, the demo
-tokenizer, no download; --models reuses one gpu_check.py built) and 2,000 chat rows (a user turn and an
-assistant reply, lognormal lengths, median ~120 words) as JSONL, then trains four runs of N steps:
+Builds (bench/sft_job.py) a ~1.1B-parameter Llama-shaped model (bench/gpu_check.py's shape and name: random
+weights, the demo tokenizer, no download; --models reuses one gpu_check.py built) and 2,000 chat rows (a
+user turn and an assistant reply, lognormal lengths, median ~120 words) as JSONL, then trains four runs of
+N steps:
 
   ftune packed    the real engine: a RunConfig and `python -m training.run run.json` (through this file's
   ftune padded    --ftune-entry, which reads the CUDA allocator's peaks in the training process after it)
@@ -59,9 +60,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -74,108 +73,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-import gpu_check  # noqa: E402  # its model (the ~1.1B shape, built once for both) and GPU lookup
+import gpu_check  # noqa: E402  # its GPU lookup
+from sft_job import Setup, build_model, gpu_setup, job_spec, prepare_engine, smoke_setup, write_rows  # noqa: E402
 from trl_reference import cuda_peaks, outcome, speed, trl_entry, trl_row  # noqa: E402  # TRL's side
-
-SMOKE_NAME = "gpu-vs-trl-tiny"
-DATASET_ID = "gpuvstrl01"
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What both engines train with."""
-
-    smoke: bool
-    steps: int
-    micro_batch: int
-    max_seq_len: int
-    rows: int
-    median_words: float
-    lr: float
-    checkpointing: bool
-    attn: str
-
-    @property
-    def cuda_dtype(self) -> str:
-        return "float32" if self.smoke else "bfloat16"
-
-
-def gpu_setup(args: argparse.Namespace) -> Setup:
-    return Setup(False, args.steps, 8, 1024, 2000, 120, 1e-4, args.checkpointing, args.attn)
-
-
-def smoke_setup(args: argparse.Namespace) -> Setup:
-    return Setup(True, 3, 4, 256, 40, 30, 1e-4, args.checkpointing, args.attn)
-
-
-# -- the model and the data ----------------------------------------------------------------------------------
-
-
-def build_model(models_dir: Path, smoke: bool) -> Path:
-    """The smoke's tiny model, or gpu_check.py's ~1.1B one (a directory it built is reused as it is)."""
-    from training.demo import TINY, build_demo_model
-
-    return (
-        build_demo_model(models_dir, name=SMOKE_NAME, size=TINY)
-        if smoke
-        else gpu_check.build_model(models_dir)
-    )
-
-
-def write_rows(path: Path, rows: int, median_words: float, seed: int = 0) -> Path:
-    """`rows` chat examples (a user turn, an assistant reply) of lognormal length in words (median
-    `median_words`, sigma 0.6, at least 8; about a third prompt), spans of the demo corpus's words."""
-    from training.demo import CORPUS
-
-    words = CORPUS.read_text().split()
-    rng = random.Random(seed)
-
-    def span(n: int) -> str:
-        start = rng.randrange(len(words))
-        return " ".join(words[(start + i) % len(words)] for i in range(n))
-
-    with path.open("w") as f:
-        for _ in range(rows):
-            total = max(8, round(rng.lognormvariate(math.log(median_words), 0.6)))
-            prompt = max(3, total // 3)
-            messages = [
-                {"role": "user", "content": span(prompt)},
-                {"role": "assistant", "content": span(total - prompt)},
-            ]
-            f.write(json.dumps({"messages": messages}) + "\n")
-    return path
-
-
-def job_spec(setup: Setup, packing: bool, base_model: str):  # -> core.spec.JobSpec
-    from core.spec import JobSpec
-
-    return JobSpec(
-        base_model=base_model,
-        dataset_id=DATASET_ID,
-        method="lora",
-        lora_r=16,
-        lora_alpha=32,
-        lora_dropout=0.0,
-        lora_target_modules="all-linear",
-        max_steps=setup.steps,
-        micro_batch_size=setup.micro_batch,
-        gradient_accumulation_steps=1,
-        max_seq_len=setup.max_seq_len,
-        packing=packing,
-        learning_rate=setup.lr,
-        lr_scheduler="linear",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        optimizer="adamw",
-        seed=42,
-        gradient_checkpointing=setup.checkpointing,
-        checkpoint_every_steps=0,
-        torch_dtype=setup.cuda_dtype,
-        mixed_precision="auto",  # bf16 autocast on a GPU with bf16, none on a CPU
-        attn_implementation=setup.attn,
-    )
-
 
 # -- the processes that train --------------------------------------------------------------------------------
 
@@ -183,19 +83,9 @@ def job_spec(setup: Setup, packing: bool, base_model: str):  # -> core.spec.JobS
 def ftune_entry(run_json: str, compiled_fused: bool = False) -> int:
     """Train through the engine's own entry point in this process, then record the allocator's peaks.
     `compiled_fused`: the engine's fused functions compiled (this process's training.fused.install)."""
-    import torch
-
-    from training import fused, memory
     from training.run import main
 
-    if compiled_fused:
-        install = fused.install
-        fused.install = lambda model, jit=True: install(model, jit=True)  # type: ignore[assignment]
-
-    if not torch.cuda.is_available():
-        # The smoke times nothing, and ftune's CPU memory profiling of its first steps (training.memory)
-        # would take most of its wall time. On a GPU the peak is the allocator's, never profiled.
-        memory.PeakMemory.__init__.__defaults__ = (0,)
+    prepare_engine(compiled_fused)
     code = main([run_json])
     out = Path(json.loads(Path(run_json).read_text())["output_dir"]) / "cuda_peaks.json"
     out.write_text(json.dumps(cuda_peaks()))
@@ -424,7 +314,11 @@ def main() -> int:
         print(
             "gpu_vs_trl: no CUDA device here; running the smoke version (tiny model, 40 rows, 3 steps, fp32)"
         )
-    setup = smoke_setup(args) if smoke else gpu_setup(args)
+    setup = (
+        smoke_setup(args.checkpointing, args.attn)
+        if smoke
+        else gpu_setup(args.steps, args.checkpointing, args.attn)
+    )
     run_timeout = args.run_timeout or (240.0 if smoke else 150.0)
     work = args.keep or Path(tempfile.mkdtemp(prefix="ftune-gpu-vs-trl-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
-"""Where the engine's training step spends its time on the device found: bench/gpu_vs_trl.py's "ftune packed"
-job (its 1.1B model, rows and spec: micro-batch 8 x 1024 packed, LoRA r16, bf16, no checkpointing) run
-through the recipe (training.recipe setup -> train) under torch.profiler, for the numbers the MFU goal needs
-and a timing cannot give.
+"""Where the engine's training step spends its time on the device found: bench/gpu_vs_trl.py's "ftune
+packed" job (bench/sft_job.py: the 1.1B model, its rows and spec: micro-batch 8 x 1024 packed, LoRA r16,
+bf16, no checkpointing) run through the recipe (training.recipe setup -> train) under torch.profiler, for
+the numbers the MFU goal needs and a timing cannot give.
 
     python bench/step_profile.py [--steps 8] [--models DIR] [--jit] [--rows 25]
 
@@ -54,28 +54,22 @@ def main() -> int:
     if args.steps < 3:
         parser.error("--steps must be 3 or more (steps 1 and 2 are the warm-up)")
 
-    import gpu_vs_trl as vs
+    import sft_job
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from core.run_protocol import RunConfig
-    from training import fused, memory, recipe
+    from training import fused, recipe
 
     cuda = torch.cuda.is_available()
     work = Path(tempfile.mkdtemp(prefix="step-profile-"))
-    options = argparse.Namespace(steps=args.steps, checkpointing=False, attn="sdpa")
-    setup = vs.gpu_setup(options) if cuda else vs.smoke_setup(options)
-    setup = vs.Setup(**{**setup.__dict__, "steps": args.steps})
-    model = vs.build_model(args.models or work / "models", smoke=not cuda)
-    data = vs.write_rows(work / "rows.jsonl", setup.rows, setup.median_words)
-    spec = vs.job_spec(setup, True, model.name)
+    setup = sft_job.gpu_setup(args.steps) if cuda else sft_job.smoke_setup(steps=args.steps)
+    model = sft_job.build_model(args.models or work / "models", smoke=not cuda)
+    data = sft_job.write_rows(work / "rows.jsonl", setup.rows, setup.median_words)
+    spec = sft_job.job_spec(setup, True, model.name)
     config = RunConfig(job_id="profile", spec=spec, model_dir=str(model), dataset_path=str(data),
                        output_dir=str(work / "out"))  # fmt: skip
-    if args.jit:
-        install = fused.install
-        fused.install = lambda model, jit=True: install(model, jit=True)  # type: ignore[assignment]
-    if not cuda:  # the CPU's peak memory is measured with torch's profiler, which cannot nest in this one
-        memory.PeakMemory.__init__.__defaults__ = (0,)  # (a GPU's peak is the allocator's, never profiled)
+    sft_job.prepare_engine(compiled_fused=args.jit)
     state = recipe.setup(config, Never())
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     # steps 1-2 (the warm-up: cuBLAS' and the compiler's first calls) not profiled; each step's record
