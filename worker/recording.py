@@ -61,7 +61,10 @@ class Recorder:
         job_dir = self.storage.job_dir(job_id)
         if not path.is_dir() or job_dir not in path.parents:
             return  # pruned already, or not ours
-        size, digest = sha256_dir(path)
+        try:
+            size, digest = sha256_dir(path)
+        except FileNotFoundError:  # pruned while hashed: training keeps the newest and goes on meanwhile
+            return
         relpath = path.relative_to(job_dir).as_posix()
         jobs_db.add_artifact(s, new_id(), job_id, "checkpoint", relpath, size, digest, rec.step)
         data = rec.model_dump(mode="json")
