@@ -193,7 +193,8 @@ def skip_adapter_input_casts(model) -> int:
 def use_cuda_paths(model, device: torch.device, autocast: bool) -> str:
     """What the engine turns on where it trains on CUDA (and the planner counts there): peft's LoRA input
     casts off under autocast (skip_adapter_input_casts), the fused norms, gates and rotary embeddings
-    (training.fused), run eagerly. Returns what it did, for the log; nothing on another device.
+    (training.fused), run eagerly: the norms as ATen's fused RMSNorm kernels where this torch has them
+    (training.fused.native_norm). Returns what it did, for the log; nothing on another device.
 
     Eagerly because compiled they were slower on an H200 (bench/fused_ops.py, 8,192 tokens, forward and
     backward, 2026-11-27): norm 0.93 ms against eager's 0.84 (0.90x), act(gate) * up 1.81 against 0.38
@@ -206,7 +207,8 @@ def use_cuda_paths(model, device: torch.device, autocast: bool) -> str:
     from training import fused
 
     casts = skip_adapter_input_casts(model) if autocast else 0
-    return f"LoRA input casts off on {casts} layers; fused, eager: {fused.install(model)}"
+    norms = "ATen's fused kernels" if fused.HAS_NATIVE_NORM else "the formula"
+    return f"LoRA input casts off on {casts} layers; fused, eager (norms: {norms}): {fused.install(model)}"
 
 
 def read_trained_adapter(path: Path):

@@ -75,6 +75,7 @@ ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA devi
         ("cpu", True, True),
         ("cpu", False, False),
         pytest.param("cuda", False, True, marks=ON_CUDA),
+        pytest.param("cuda", False, False, marks=ON_CUDA),  # the norms: ATen's fused kernels
     ],
 )
 def test_fused_modules_train_as_the_models_own(
@@ -120,6 +121,55 @@ def test_what_autograd_keeps_is_what_the_planner_counts(
     # The planner's final-norm term changes by one norm's (4 - 2) B x hidden too; the first block's input
     # norm, whose input (the frozen embedding) needs no gradient, is kept by neither: they cancel.
     assert kept - kept_fused == (before - after) * arch.num_layers * ids.numel() > 0
+
+
+def _native_norm_case(device: str, dtype: torch.dtype, weight_grad: bool):
+    """An eager FusedRMSNorm forward and backward; returns (output, input grad, weight grad, saved)."""
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 5, 64, generator=gen) * 3).to(device=device, dtype=dtype).requires_grad_()
+    weight = torch.randn(64, generator=gen).to(device=device, dtype=dtype).requires_grad_(weight_grad)
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = fused.FusedRMSNorm.apply(x, weight, 1e-5, False)
+    y.backward(torch.ones_like(y))
+    return y, x.grad, weight.grad, saved
+
+
+@pytest.mark.parametrize("weight_grad", [False, True])
+def test_the_native_norm_is_called_as_aten_defines_it(
+    monkeypatch: pytest.MonkeyPatch, weight_grad: bool
+) -> None:
+    """ATen's fused RMSNorm (CUDA only: no CPU backward) called on meta tensors, which check each call's
+    arguments and shapes: the output and gradients in the input's shapes and dtype, and autograd keeps
+    what rms_norm_forward keeps (the planner's terms): the input, the weight, an fp32 rstd a row."""
+    if not fused.HAS_NATIVE_NORM:
+        pytest.skip("this torch has no aten._fused_rms_norm")
+    monkeypatch.setattr(fused, "NATIVE_NORM_DEVICES", {"meta"})
+    y, gx, gw, saved = _native_norm_case("meta", torch.bfloat16, weight_grad)
+    assert (y.shape, y.dtype, gx.shape, gx.dtype) == ((2, 5, 64), torch.bfloat16, (2, 5, 64), torch.bfloat16)
+    assert (gw.shape if weight_grad else gw) == ((64,) if weight_grad else None)
+    assert [(tuple(t.shape), t.dtype) for t in saved] == [
+        ((2, 5, 64), torch.bfloat16),
+        ((64,), torch.bfloat16),
+        ((10, 1), torch.float32),
+    ]
+    fp32, bf16 = torch.empty(3, 64, device="meta"), torch.empty(3, 64, device="meta", dtype=torch.bfloat16)
+    assert fused.native_norm(fp32, fp32[0])
+    # a weight of another dtype (fp32 norms of a QLoRA model on a bf16 stream): the formula's own code
+    assert not fused.native_norm(bf16, fp32[0])
+
+
+@ON_CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_native_norm_computes_llamas(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    """On CUDA, ATen's fused kernels against the formula's eager code: in bf16 within one rounding."""
+    native = _native_norm_case("cuda", dtype, True)
+    monkeypatch.setattr(fused, "NATIVE_NORM_DEVICES", set())
+    formula = _native_norm_case("cuda", dtype, True)
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    for got, want in zip(native[:3], formula[:3], strict=True):
+        assert got.dtype == want.dtype
+        assert torch.allclose(got.float(), want.float(), rtol=tolerance, atol=tolerance)
 
 
 FAMILIES = {  # tiny models of each family core.arch plans: (config class, extra config)
