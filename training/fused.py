@@ -171,7 +171,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-# ATen's own fused RMSNorm, one kernel forward and one backward (torch >= 2.8; CUDA only: the backward has no
+# ATen's own fused RMSNorm, one kernel forward and one backward (recent torch, detected; CUDA only: the backward has no
 # CPU kernel), keeping what the functions here keep: the input, the weight and an fp32 rstd per row. Where a
 # norm's input and weight share a dtype there, an eager (not jit) FusedRMSNorm runs it instead of the ~7
 # kernels forward and ~10 backward of rms_norm_forward and its gradients (0.84 ms forward + backward at
