@@ -18,9 +18,10 @@ is Llama's `down_proj(act_fn(gate_proj(x)) * up_proj(x))` with an activation kno
 family's `apply_rotary_pos_emb` computes Llama's on a probe (that module-level function is replaced by one
 that runs the fused one only inside the forwards installed here, the family's own everywhere else).
 install(jit=True) compiles them (each at its first call; eagerly where that fails, keeping the same
-tensors). Eagerly on CUDA a norm is ATen's own fused RMSNorm kernels (native_norm), keeping the same. Decoding (a small no-grad call) and code inside torch.compile run the modules' own code. The
-engine installs them where it trains on CUDA, eagerly (training.model.use_cuda_paths: compiled after a
-tiny probe they were slower on an H200), for the tensors they do not keep.
+tensors). Eagerly on CUDA a norm is ATen's own fused RMSNorm kernels (native_norm), keeping the same.
+Decoding (a small no-grad call) and code inside torch.compile run the modules' own code. The engine
+installs them where it trains on CUDA, eagerly (training.model.use_cuda_paths: compiled after a tiny probe
+they were slower on an H200), for the tensors they do not keep.
 """
 
 from __future__ import annotations
@@ -171,8 +172,8 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-# ATen's own fused RMSNorm, one kernel forward and one backward (recent torch, detected; CUDA only: the backward has no
-# CPU kernel), keeping what the functions here keep: the input, the weight and an fp32 rstd per row. Where a
+# ATen's own fused RMSNorm, one kernel forward and one backward (a recent torch's, detected; CUDA only: the
+# backward has no CPU kernel), keeping what the functions here keep: the input, the weight and an fp32 rstd per row. Where a
 # norm's input and weight share a dtype there, an eager (not jit) FusedRMSNorm runs it instead of the ~7
 # kernels forward and ~10 backward of rms_norm_forward and its gradients (0.84 ms forward + backward at
 # 8,192 x 2,048 bf16 tokens on an H200, 2026-11-27). It rounds once, (x * rstd * weight) in fp32 to the
