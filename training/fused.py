@@ -173,11 +173,12 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 # ATen's own fused RMSNorm, one kernel forward and one backward (a recent torch's, detected; CUDA only: the
-# backward has no CPU kernel), keeping what the functions here keep: the input, the weight and an fp32 rstd
-# per row. Where a norm's input and weight share a dtype there, an eager (not jit) FusedRMSNorm runs it instead of the ~7
-# kernels forward and ~10 backward of rms_norm_forward and its gradients (0.84 ms forward + backward at
-# 8,192 x 2,048 bf16 tokens on an H200, 2026-11-27). It rounds once, (x * rstd * weight) in fp32 to the
-# input's dtype, where Llama's formula rounds x * rstd before the weight: in bf16 they differ by an ulp.
+# backward has no CPU kernel), keeping what the functions here keep: the input, the weight and an fp32
+# rstd per row. Where a norm's input and weight share a dtype there, an eager (not jit) FusedRMSNorm runs
+# it instead of the ~7 kernels forward and ~10 backward of rms_norm_forward and its gradients (0.84 ms
+# forward + backward at 8,192 x 2,048 bf16 tokens on an H200, 2026-11-27). It rounds once, x * rstd *
+# weight in fp32 to the input's dtype, where Llama's formula rounds x * rstd before the weight: in bf16
+# they differ by an ulp.
 NATIVE_NORM_DEVICES = {"cuda"}
 HAS_NATIVE_NORM = hasattr(aten, "_fused_rms_norm") and hasattr(aten, "_fused_rms_norm_backward")
 
