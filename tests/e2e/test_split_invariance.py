@@ -1,7 +1,9 @@
 """Through the real service (`ftune up`: API, embedded broker, a CPU worker): three jobs that split the
 same global batch differently (micro 4 x accumulation 1, micro 1 x accumulation 4, num_gpus 2 x micro
-2, which the CPU worker runs as two gloo processes under torchrun) train the same adapter, packed and
-padded, with LoRA dropout on. The adapters are downloaded and compared."""
+2, which the CPU worker runs as two gloo processes under torchrun) train the same adapter, packed, with
+LoRA dropout on. The adapters are downloaded and compared. Packed only: the service hands `packing` to
+the engine as it does any spec field, and tests/training/test_split_invariance.py proves the same three
+splits equal both packed and padded (three jobs here, not six: ~65 s of the suite's time)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ SPLITS = {
     "2 ranks x micro 2": {"micro_batch_size": 2, "gradient_accumulation_steps": 1, "num_gpus": 2},
 }
 TOLERANCE = {"micro 1 x accum 4": 1e-4, "2 ranks x micro 2": 1e-3}
+PACKING = (True,)
 
 
 def test_jobs_that_split_the_same_global_batch_train_the_same_adapter(up: Up, tmp_path: Path) -> None:
@@ -39,7 +42,7 @@ def test_jobs_that_split_the_same_global_batch_train_the_same_adapter(up: Up, tm
     try:
         dataset = upload(base, REPO / "examples" / "alpaca_small.jsonl")["id"]
         jobs: dict[tuple[bool, str], str] = {}
-        for packing in (False, True):
+        for packing in PACKING:
             for name, split in SPLITS.items():
                 spec: dict[str, Any] = {**SPEC, **split, "dataset_id": dataset, "packing": packing}
                 r = api.post(f"{base}/jobs", json=spec)
@@ -50,7 +53,7 @@ def test_jobs_that_split_the_same_global_batch_train_the_same_adapter(up: Up, tm
             job = api.get(f"{base}/jobs/{job_id}").json()
             assert job["status"] == "succeeded", (key, job)
 
-        for packing in (False, True):
+        for packing in PACKING:
             adapters = {
                 name: load_file(
                     download_adapter(base, jobs[packing, name], tmp_path) / "adapter_model.safetensors"
@@ -74,7 +77,7 @@ def test_jobs_that_split_the_same_global_batch_train_the_same_adapter(up: Up, tm
             for name, tolerance in TOLERANCE.items():
                 assert losses[name] == pytest.approx(losses[ref], rel=1e-4), name
                 assert diffs[name] < tolerance, name
-        print(f"6 jobs in {time.monotonic() - start:.0f} s")
+        print(f"{len(jobs)} jobs in {time.monotonic() - start:.0f} s")
     except BaseException:
         print(up.tail())
         raise
