@@ -23,8 +23,8 @@
 # 3. bench/gpu_kernels.py (packed attention's kernel, the chunked loss head, host syncs; KERNELS=0 leaves
 #    it out), then bench/fused_ops.py (the fused norm, gate and rotary embedding, compiled and eager,
 #    against the modules' own; FUSED=0 leaves it out), each under a timeout;
-# 4. bench/gpu_vs_trl.py --compiled-fused (ftune against TRL's SFTTrainer, and ftune with its fused
-#    functions compiled), under a timeout; CKPT=1 adds a pass with gradient checkpointing on, if time is left;
+# 4. bench/gpu_vs_trl.py --compiled-layers (ftune against TRL's SFTTrainer, and ftune with its decoder
+#    layers compiled), under a timeout; CKPT=1 adds a pass with gradient checkpointing on, if time is left;
 # 5. bench/gpu_check.py --steps 6 (the planner against the engine), under a timeout, reusing that model,
 #    then bench/step_profile.py (where the 1.1B step's time goes, by kernel; PROFILE=0 leaves it out);
 #    (SFT=0 leaves steps 4 and 5 out.)
@@ -119,12 +119,12 @@ EOF
   local sft_tail=10
   [ "${GRPO:-0}" = 1 ] && sft_tail=${GRPO_SHARE:-170}
   if [ "${SFT:-1}" = 1 ]; then  # SFT=0: leave gpu_vs_trl and gpu_check out (e.g. GRPO=1 SFT=0: grpo only)
-    # gpu_vs_trl first (the speed goal, and the fused functions compiled or eager on the whole step); it
+    # gpu_vs_trl first (the speed goal, and the decoder layers compiled or eager on the whole step); it
     # builds the 1.1B model where gpu_check then finds it
     t=$(part_timeout 260 $((sft_tail + 120)))
-    echo "== bench/gpu_vs_trl.py --compiled-fused (timeout ${t}s) at ${SECONDS}s"
-    timeout -k 15 "$t" python3 bench/gpu_vs_trl.py --compiled-fused --keep "$WORK/vs" \
-      --models "$WORK/check/models" --budget $((t - 25)) --run-timeout 120 --json-out "$OUT/gpu_vs_trl.json"
+    echo "== bench/gpu_vs_trl.py --compiled-layers (timeout ${t}s) at ${SECONDS}s"
+    timeout -k 15 "$t" python3 bench/gpu_vs_trl.py --compiled-layers --keep "$WORK/vs" \
+      --models "$WORK/check/models" --budget $((t - 25)) --run-timeout 150 --json-out "$OUT/gpu_vs_trl.json"
     echo "gpu_vs_trl exit $? at ${SECONDS}s"
 
     t=$(part_timeout 170 "$sft_tail")

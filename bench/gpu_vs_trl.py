@@ -1,8 +1,8 @@
 """ftune's engine against TRL's SFTTrainer on one GPU: the same model, data, LoRA, batch, precision and
 gradient checkpointing, each run in a process of its own.
 
-    python3 bench/gpu_vs_trl.py [--steps 30] [--checkpointing] [--compiled-fused] [--keep DIR] [--models DIR]
-                                [--json-out FILE]
+    python3 bench/gpu_vs_trl.py [--steps 30] [--checkpointing] [--compiled-fused] [--compiled-layers]
+                                [--keep DIR] [--models DIR] [--json-out FILE]
 
 Builds (bench/sft_job.py) a ~1.1B-parameter Llama-shaped model (bench/gpu_check.py's shape and name: random
 weights, the demo tokenizer, no download; --models reuses one gpu_check.py built) and 2,000 chat rows (a
@@ -14,9 +14,11 @@ N steps:
   trl packed      TRL's SFTTrainer (bench/trl_reference.py), packing=True (best-fit decreasing, padding-free)
   trl padded      TRL's SFTTrainer, padded micro-batches (transformers' length-grouped sampler, where it has
                   one: ftune's padded batches are length-grouped too)
-  ftune jit       with --compiled-fused, after ftune packed: the same, with the engine's fused norms, gates
-                  and rotary embeddings compiled (training.fused, jit=True) instead of run eagerly: the A/B
-                  that decides the engine's default on CUDA
+  ftune jit       with --compiled-fused, after the packed pair: ftune packed, with the engine's fused
+                  norms, gates and rotary embeddings compiled (training.fused, jit=True), not run eagerly
+  ftune compiled  with --compiled-layers, after the packed pair: ftune packed, each decoder layer
+                  torch.compile'd whole (bench/sft_job.py's prepare_engine). Each is an A/B for the
+                  engine's default on CUDA; its first step (compiling) is not timed, as no run's is
 
 Both sides: LoRA r16 alpha 32 dropout 0 on all linear layers; base weights bf16 under bf16 autocast (the
 LoRA weights fp32, peft's and ftune's default); micro-batch 8 x max_seq_len 1024 (packed: 8 rows of up to
@@ -80,12 +82,12 @@ from trl_reference import cuda_peaks, outcome, speed, trl_entry, trl_row  # noqa
 # -- the processes that train --------------------------------------------------------------------------------
 
 
-def ftune_entry(run_json: str, compiled_fused: bool = False) -> int:
+def ftune_entry(run_json: str, compile: str = "") -> int:
     """Train through the engine's own entry point in this process, then record the allocator's peaks.
-    `compiled_fused`: the engine's fused functions compiled (this process's training.fused.install)."""
+    `compile`: what is compiled in this process's engine (sft_job.prepare_engine)."""
     from training.run import main
 
-    prepare_engine(compiled_fused)
+    prepare_engine(compile)
     code = main([run_json])
     out = Path(json.loads(Path(run_json).read_text())["output_dir"]) / "cuda_peaks.json"
     out.write_text(json.dumps(cuda_peaks()))
@@ -140,7 +142,9 @@ class Run:
     name: str
     engine: str  # "ftune" | "trl"
     packing: bool
-    compiled_fused: bool = False  # ftune: its fused functions compiled (--compiled-fused)
+    compile: str = (
+        ""  # ftune: "fused" (--compiled-fused), "layers" (--compiled-layers); sft_job.prepare_engine
+    )
 
     @property
     def dir_name(self) -> str:
@@ -150,7 +154,10 @@ class Run:
 # The pairs first: a budget that runs out still leaves a comparison.
 RUNS = (Run("ftune packed", "ftune", True), Run("trl packed", "trl", True),
         Run("ftune padded", "ftune", False), Run("trl padded", "trl", False))  # fmt: skip
-COMPILED_FUSED = Run("ftune jit", "ftune", True, compiled_fused=True)
+COMPILED = {
+    "fused": Run("ftune jit", "ftune", True, "fused"),
+    "layers": Run("ftune compiled", "ftune", True, "layers"),
+}
 
 
 def start_run(run: Run, setup: Setup, model: Path, data: Path, work: Path) -> Process:
@@ -168,7 +175,7 @@ def start_run(run: Run, setup: Setup, model: Path, data: Path, work: Path) -> Pr
         entry = [
             "--ftune-entry",
             str(out / "run.json"),
-            *(["--compiled-fused"] if run.compiled_fused else []),
+            *(["--compile", run.compile] if run.compile else []),
         ]
     else:
         job = {
@@ -243,7 +250,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def print_table(rows: list[dict]) -> None:
     print(
-        f"{'run':13} {'exit':>4} {'steps':>5} {'tok/s':>8} {'loop tok/s':>10} {'ms/step':>8} {'tok/step':>8} "
+        f"{'run':14} {'exit':>4} {'steps':>5} {'tok/s':>8} {'loop tok/s':>10} {'ms/step':>8} {'tok/step':>8} "
         f"{'pad':>5} {'alloc GiB':>9} {'resv GiB':>8} {'MFU':>6} {'loss':>7}  attention"
     )
     for r in rows:
@@ -260,9 +267,9 @@ def print_table(rows: list[dict]) -> None:
             _fmt(r.get("final_loss"), "7.4f"),
         ]
         code = str(r["exit"]) if r["exit"] is not None else "skip" if r.get("skipped") else "T/O"
-        print(f"{r['run']:13} {code:>4} {r.get('steps_done', 0):>5} {' '.join(cells)}  {r.get('attn', '-')}")
+        print(f"{r['run']:14} {code:>4} {r.get('steps_done', 0):>5} {' '.join(cells)}  {r.get('attn', '-')}")
         if r.get("error"):
-            print(f"{'':13} error: {r['error']}")
+            print(f"{'':14} error: {r['error']}")
 
 
 def best(rows: list[dict], engine: str) -> dict | None:
@@ -282,6 +289,9 @@ def main() -> int:
     parser.add_argument(
         "--compiled-fused", action="store_true", help="also ftune with its fused functions compiled"
     )
+    parser.add_argument(
+        "--compiled-layers", action="store_true", help="also ftune with its decoder layers compiled"
+    )
     parser.add_argument("--keep", type=Path, help="work directory (default: a temporary one)")
     parser.add_argument(
         "--models", type=Path, help="where the model is built or found (default: WORK/models)"
@@ -292,10 +302,13 @@ def main() -> int:
     )
     parser.add_argument("--json-out", type=Path, help="also write the JSON result here")
     parser.add_argument("--ftune-entry", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--compile", default="", help=argparse.SUPPRESS
+    )  # the entry's: sft_job.prepare_engine
     parser.add_argument("--trl-entry", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.ftune_entry:
-        return ftune_entry(args.ftune_entry, args.compiled_fused)
+        return ftune_entry(args.ftune_entry, args.compile)
     if args.trl_entry:
         return trl_entry(args.trl_entry)
 
@@ -343,7 +356,10 @@ def main() -> int:
         f"timed: steps 2..{setup.steps}; MFU = 6 x parameters x tok/s / bf16 peak",
         flush=True,
     )
-    runs = [*RUNS[:1], COMPILED_FUSED, *RUNS[1:]] if args.compiled_fused else list(RUNS)
+    extra = [
+        COMPILED[m] for m, on in (("fused", args.compiled_fused), ("layers", args.compiled_layers)) if on
+    ]
+    runs = [*RUNS[:2], *extra, *RUNS[2:]]  # after the packed pair, which a spent budget still leaves
     if smoke:  # a test of the script, not a measurement: all at once
         procs = [(run, start_run(run, setup, model, data, work)) for run in runs]
         rows = [collect(run, setup, *proc.wait(run_timeout), work) for run, proc in procs]

@@ -3,12 +3,13 @@ packed" job (bench/sft_job.py: the 1.1B model, its rows and spec: micro-batch 8 
 bf16, no checkpointing) run through the recipe (training.recipe setup -> train) under torch.profiler, for
 the numbers the MFU goal needs and a timing cannot give.
 
-    python bench/step_profile.py [--steps 8] [--models DIR] [--jit] [--rows 25]
+    python bench/step_profile.py [--steps 8] [--models DIR] [--compile fused|layers] [--rows 25]
 
 Prints the steps' wall time beside the device's busy time (the kernels' time summed: what a step would
 take with no gap between kernels), that time by kind of kernel (matrix products, attention, the loss head,
-elementwise and the rest, by kernel name), and the kernels that take the most. --jit: the engine's fused
-functions compiled (as bench/gpu_vs_trl.py --compiled-fused). On a CPU (its smoke test) the smoke's tiny
+elementwise and the rest, by kernel name), and the kernels that take the most. --compile fused: the
+engine's fused functions compiled (as bench/gpu_vs_trl.py --compiled-fused); --compile layers: its decoder
+layers compiled (as --compiled-layers). On a CPU (its smoke test) the smoke's tiny
 model and the CPU's operators stand in for kernels.
 """
 
@@ -48,7 +49,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps; 3 on are profiled")
     parser.add_argument("--models", type=Path, help="where gpu_check.py built its model (else built here)")
-    parser.add_argument("--jit", action="store_true", help="the fused functions compiled")
+    parser.add_argument(
+        "--compile", default="", choices=["", "fused", "layers"],  # sft_job.prepare_engine's
+        help="fused: the fused functions compiled; layers: each decoder layer compiled",
+    )  # fmt: skip
     parser.add_argument("--rows", type=int, default=25, help="kernels listed")
     args = parser.parse_args()
     if args.steps < 3:
@@ -69,7 +73,7 @@ def main() -> int:
     spec = sft_job.job_spec(setup, True, model.name)
     config = RunConfig(job_id="profile", spec=spec, model_dir=str(model), dataset_path=str(data),
                        output_dir=str(work / "out"))  # fmt: skip
-    sft_job.prepare_engine(compiled_fused=args.jit)
+    sft_job.prepare_engine(args.compile)
     state = recipe.setup(config, Never())
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     # steps 1-2 (the warm-up: cuBLAS' and the compiler's first calls) not profiled; each step's record
@@ -100,7 +104,7 @@ def main() -> int:
     where = torch.cuda.get_device_name(0) if cuda else "CPU (smoke: not a measurement)"
     print(
         f"step_profile on {where}: {steps} steps, micro-batch {setup.micro_batch} x {setup.max_seq_len} "
-        f"packed, fused {'compiled' if args.jit else 'eager'}; profiled: steps 3..{args.steps}"
+        f"packed, compiled: {args.compile or 'nothing'}; profiled: steps 3..{args.steps}"
     )
     print(
         f"wall {wall / steps * 1e3:8.1f} ms a step (profiled); device busy {busy_us / steps / 1e3:8.1f} ms "
@@ -113,7 +117,7 @@ def main() -> int:
         name = e.key if len(e.key) <= 90 else e.key[:87] + "..."
         ms = getattr(e, device_time) / steps / 1e3
         print(f"  {ms:8.2f} {e.count / steps:7.1f}  {kind(e.key):16} {name}")
-    if args.jit:
+    if args.compile == "fused":
         print(f"torch.compile failed on: {', '.join(fused.not_compiled()) or 'none'}")
     return 0
 

@@ -28,7 +28,6 @@ import inspect
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from functools import cache
 from itertools import pairwise
 from typing import Any
 
@@ -147,11 +146,23 @@ def varlen_kernel(query: torch.Tensor) -> Kernel | None:
     )
 
 
-@cache
+# _checked_varlen's kernels by (device, dtype): a dict, not functools.cache, which torch.compile traces
+# through (a compiled decoder layer would run the check again in every call); prepare() runs the check
+# at load time, before any compiled call
+_varlen_kernels: dict[tuple[int, torch.dtype], Kernel | None] = {}
+
+
 def _checked_varlen(device_index: int, dtype: torch.dtype) -> Kernel | None:
     """The varlen kernel once it has run forward and backward here on a small packed row and matched
     per-example SDPA: its signature moved between torch releases and its backward is new, so it is
     proven on this device and dtype once per process instead of assumed."""
+    key = (device_index, dtype)
+    if key not in _varlen_kernels:
+        _varlen_kernels[key] = _proven_varlen(device_index, dtype)
+    return _varlen_kernels[key]
+
+
+def _proven_varlen(device_index: int, dtype: torch.dtype) -> Kernel | None:
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:

@@ -1,6 +1,6 @@
 """bench/gpu_vs_trl.py's smoke: without CUDA (or with --smoke) it trains its runs (ftune packed and padded
-through training.run, TRL's SFTTrainer packed and padded, and with --compiled-fused "ftune jit", whose
-compiled fused functions only a GPU installs: here its plumbing) on a tiny model and prints them side by
+through training.run, TRL's SFTTrainer packed and padded, and with --compiled-layers "ftune compiled",
+whose compiled decoder layers only a GPU gets: here its plumbing) on a tiny model and prints them side by
 side, with a JSON line. trl is a dev-only dependency (pinned in pyproject.toml)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tests.e2e.stack import REPO
 pytestmark = pytest.mark.slow
 pytest.importorskip("trl")
 
-RUNS = ["ftune packed", "ftune jit", "trl packed", "ftune padded", "trl padded"]
+RUNS = ["ftune packed", "trl packed", "ftune compiled", "ftune padded", "trl padded"]
 
 
 def test_smoke_trains_all_runs_and_prints_them_side_by_side(tmp_path: Path) -> None:
@@ -27,7 +27,7 @@ def test_smoke_trains_all_runs_and_prints_them_side_by_side(tmp_path: Path) -> N
         sys.executable,
         str(REPO / "bench" / "gpu_vs_trl.py"),
         "--smoke",
-        "--compiled-fused",
+        "--compiled-layers",
         "--keep",
         str(tmp_path),
     ]
@@ -53,7 +53,7 @@ def test_smoke_trains_all_runs_and_prints_them_side_by_side(tmp_path: Path) -> N
     # The table: one row per run, its tokens/s (the 4th column) positive.
     lines = done.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("run ") and "tok/s" in line)
-    table = {line[:13].strip(): line[13:].split() for line in lines[header + 1 : header + 1 + len(RUNS)]}
+    table = {line[:14].strip(): line[14:].split() for line in lines[header + 1 : header + 1 + len(RUNS)]}
     assert list(table) == RUNS
     for cells in table.values():
         assert cells[0] == "0" and float(cells[2]) > 0, cells
