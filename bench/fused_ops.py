@@ -127,7 +127,8 @@ def main() -> None:
           f"{'fused eager ms':>14} {'speed-up':>8} {'max |diff|':>10} "
           f"{'new tensors kept: eager':>24} {'fused':>9}")  # fmt: skip
 
-    def largest_difference(a: tuple[list[torch.Tensor], list[torch.Tensor]], b: tuple) -> float:
+    def largest_difference(a: tuple[list[torch.Tensor], ...], b: tuple[list[torch.Tensor], ...]) -> float:
+        """Over the outputs and the input gradients of two runs."""
         pairs = zip([*a[0], *a[1]], [*b[0], *b[1]], strict=True)
         return max((p.float() - q.float()).abs().max().item() for p, q in pairs)
 
