@@ -18,7 +18,8 @@ N steps:
                   norms, gates and rotary embeddings compiled (training.fused, jit=True), not run eagerly
   ftune compiled  with --compiled-layers, after the packed pair: ftune packed, each decoder layer
                   torch.compile'd whole (bench/sft_job.py's prepare_engine). Each is an A/B for the
-                  engine's default on CUDA; its first step (compiling) is not timed, as no run's is
+                  engine's default on CUDA; its first step (compiling) is not timed, as no run's is;
+                  below the table, what torch.compile made in it (graphs, recompiles, graph breaks)
 
 Both sides: LoRA r16 alpha 32 dropout 0 on all linear layers; base weights bf16 under bf16 autocast (the
 LoRA weights fp32, peft's and ftune's default); micro-batch 8 x max_seq_len 1024 (packed: 8 rows of up to
@@ -90,8 +91,22 @@ def ftune_entry(run_json: str, compile: str = "") -> int:
     prepare_engine(compile)
     code = main([run_json])
     out = Path(json.loads(Path(run_json).read_text())["output_dir"]) / "cuda_peaks.json"
-    out.write_text(json.dumps(cuda_peaks()))
+    out.write_text(json.dumps(cuda_peaks() | ({"compiled": compile_counts()} if compile else {})))
     return code
+
+
+def compile_counts() -> dict[str, Any]:
+    """What torch.compile made in this process: graphs, recompiles and graph breaks (with their first
+    reasons): a compiled run's speed means little if its graphs broke or compiled again per batch."""
+    from torch._dynamo.utils import counters
+
+    breaks = counters["graph_break"]
+    return {
+        "graphs": counters["stats"]["unique_graphs"],
+        "recompiles": sum(counters["recompiles"].values()),
+        "graph_breaks": sum(breaks.values()),
+        "break_reasons": [reason.splitlines()[0][:200] for reason in list(breaks)[:3]],
+    }
 
 
 class Process:
@@ -210,6 +225,8 @@ def _ftune_row(out: Path, setup: Setup, packing: bool) -> dict:
         "plan_peak_bytes": start.predicted_peak_bytes if start else None,  # the planner's, for reference
         **outcome(len(records), [r.loss for r in records], peaks),
     }
+    if "compiled" in peaks:
+        row["compiled"] = peaks["compiled"]
     timed = [r for r in records if r.step >= 2]
     first = next((r for r in records if r.step == 1), None)
     if timed and first is not None:  # elapsed_s: the steps' seconds summed (training.recipe)
@@ -270,6 +287,11 @@ def print_table(rows: list[dict]) -> None:
         print(f"{r['run']:14} {code:>4} {r.get('steps_done', 0):>5} {' '.join(cells)}  {r.get('attn', '-')}")
         if r.get("error"):
             print(f"{'':14} error: {r['error']}")
+    for r in rows:  # below the table, whose rows a reader (and the smoke test) takes line by line
+        if r.get("compiled"):
+            c = r["compiled"]
+            print(f"{r['run']}: torch.compile made {c['graphs']} graphs, {c['recompiles']} recompiles, "
+                  f"{c['graph_breaks']} graph breaks {c['break_reasons'] or ''}")  # fmt: skip
 
 
 def best(rows: list[dict], engine: str) -> dict | None:

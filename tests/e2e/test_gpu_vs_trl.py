@@ -58,4 +58,8 @@ def test_smoke_trains_all_runs_and_prints_them_side_by_side(tmp_path: Path) -> N
     for cells in table.values():
         assert cells[0] == "0" and float(cells[2]) > 0, cells
     assert any(line.startswith("ftune best / TRL best:") for line in lines)
+    # what torch.compile made in the compiled run's process (here nothing: a CPU compiles no layer)
+    compiled = next(r for r in result["runs"] if r["run"] == "ftune compiled")["compiled"]
+    assert compiled == {"graphs": 0, "recompiles": 0, "graph_breaks": 0, "break_reasons": []}
+    assert "ftune compiled: torch.compile made 0 graphs, 0 recompiles, 0 graph breaks " in lines
     assert json.loads(lines[-1]) == result
