@@ -83,15 +83,15 @@ from trl_reference import cuda_peaks, outcome, speed, trl_entry, trl_row  # noqa
 # -- the processes that train --------------------------------------------------------------------------------
 
 
-def ftune_entry(run_json: str, compile: str = "") -> int:
+def ftune_entry(run_json: str, compiled: str = "") -> int:
     """Train through the engine's own entry point in this process, then record the allocator's peaks.
-    `compile`: what is compiled in this process's engine (sft_job.prepare_engine)."""
+    `compiled`: what is compiled in this process's engine (sft_job.prepare_engine)."""
     from training.run import main
 
-    prepare_engine(compile)
+    prepare_engine(compiled)
     code = main([run_json])
     out = Path(json.loads(Path(run_json).read_text())["output_dir"]) / "cuda_peaks.json"
-    out.write_text(json.dumps(cuda_peaks() | ({"compiled": compile_counts()} if compile else {})))
+    out.write_text(json.dumps(cuda_peaks() | ({"compiled": compile_counts()} if compiled else {})))
     return code
 
 
@@ -157,9 +157,8 @@ class Run:
     name: str
     engine: str  # "ftune" | "trl"
     packing: bool
-    compile: str = (
-        ""  # ftune: "fused" (--compiled-fused), "layers" (--compiled-layers); sft_job.prepare_engine
-    )
+    # ftune: what its engine compiles: "fused" (--compiled-fused), "layers" (--compiled-layers); sft_job
+    compiled: str = ""
 
     @property
     def dir_name(self) -> str:
@@ -190,7 +189,7 @@ def start_run(run: Run, setup: Setup, model: Path, data: Path, work: Path) -> Pr
         entry = [
             "--ftune-entry",
             str(out / "run.json"),
-            *(["--compile", run.compile] if run.compile else []),
+            *(["--compile", run.compiled] if run.compiled else []),
         ]
     else:
         job = {

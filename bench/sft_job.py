@@ -120,8 +120,8 @@ def job_spec(setup: Setup, packing: bool, base_model: str):  # -> core.spec.JobS
 COMPILE_MODES = ("fused", "layers")
 
 
-def prepare_engine(compile: str = "") -> None:
-    """The engine in this bench process, before it trains. `compile` (where use_cuda_paths acts: CUDA):
+def prepare_engine(compiled: str = "") -> None:
+    """The engine in this bench process, before it trains. `compiled` (where use_cuda_paths acts: CUDA):
     "fused", its fused norms, gates and rotary embeddings compiled (training.fused, jit=True) where
     use_cuda_paths installs them eagerly; "layers", each decoder layer torch.compile'd whole (dynamic
     shapes, at its first real call; the fused functions then run the modules' own code inside it, which
@@ -134,10 +134,10 @@ def prepare_engine(compile: str = "") -> None:
     from training import distributed, fused, memory
     from training import model as model_lib
 
-    if compile == "fused":
+    if compiled == "fused":
         install = fused.install
         fused.install = lambda model, jit=True: install(model, jit=True)  # type: ignore[assignment]
-    elif compile == "layers":
+    elif compiled == "layers":
         use_cuda_paths = model_lib.use_cuda_paths
 
         def compiled_layers(net, device: torch.device, autocast: bool) -> str:
@@ -150,7 +150,7 @@ def prepare_engine(compile: str = "") -> None:
             return f"{done}; {len(layers)} decoder layers compiled"
 
         model_lib.use_cuda_paths = compiled_layers  # type: ignore[assignment]
-    elif compile:
-        raise ValueError(f"compile: one of {COMPILE_MODES}, not {compile!r}")
+    elif compiled:
+        raise ValueError(f"compiled: one of {COMPILE_MODES}, not {compiled!r}")
     if not torch.cuda.is_available():
         memory.PeakMemory.__init__.__defaults__ = (0,)

@@ -73,7 +73,7 @@ def main() -> int:
     spec = sft_job.job_spec(setup, True, model.name)
     config = RunConfig(job_id="profile", spec=spec, model_dir=str(model), dataset_path=str(data),
                        output_dir=str(work / "out"))  # fmt: skip
-    sft_job.prepare_engine(args.compile)
+    sft_job.prepare_engine(compiled=args.compile)
     state = recipe.setup(config, Never())
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     # steps 1-2 (the warm-up: cuBLAS' and the compiler's first calls) not profiled; each step's record
