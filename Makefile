@@ -24,8 +24,13 @@ up: install
 # test waited on its servers and subprocesses (2026-11-27, 2 AMD EPYC cores: one process over 25 min,
 # 2 workers 18.4, 3 workers 19.9). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
+# One OpenMP thread a process: the suite runs two training processes at once (its two workers, or a worker
+# and the service it drives), and two of torch's default 2-thread pools on 2 cores spin at their barriers
+# (2026-11-27, the demo model's 60 steps: two runs at once took 88-102 s, one alone 10-22 s; with one
+# thread each the pair took 14-26 s).
+TEST_THREADS ?= 1
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS)
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # The dependency floor (.ci/run runs it after `make test`): the engine's and core's tests with every runtime dependency at the lowest version
 # pyproject.toml allows, in a venv of its own (.venv-floor; .ci/floor says which tests).

@@ -22,6 +22,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import sft_job  # bench/, this script's own folder
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -50,15 +52,16 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps; 3 on are profiled")
     parser.add_argument("--models", type=Path, help="where gpu_check.py built its model (else built here)")
     parser.add_argument(
-        "--compile", default="", choices=["", "fused", "layers"],  # sft_job.prepare_engine's
+        "--compile",
+        default="",
+        choices=["", *sft_job.COMPILE_MODES],
         help="fused: the fused functions compiled; layers: each decoder layer compiled",
-    )  # fmt: skip
+    )
     parser.add_argument("--rows", type=int, default=25, help="kernels listed")
     args = parser.parse_args()
     if args.steps < 3:
         parser.error("--steps must be 3 or more (steps 1 and 2 are the warm-up)")
 
-    import sft_job
     import torch
     from torch.profiler import ProfilerActivity, profile
 

@@ -51,12 +51,13 @@ def _watch(pid: int, fd: int | None, sig: int) -> None:
     if fd is not None:
         select.select([fd], [], [])
     else:
-        while _alive(pid):
+        while alive(pid):
             time.sleep(POLL_SECONDS)
     os.kill(os.getpid(), sig)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (an unreaped zombie has ended)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

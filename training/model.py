@@ -207,7 +207,11 @@ def use_cuda_paths(model, device: torch.device, autocast: bool) -> str:
     from training import fused
 
     casts = skip_adapter_input_casts(model) if autocast else 0
-    norms = "ATen's fused kernels" if fused.HAS_NATIVE_NORM else "the formula"
+    norms = (
+        "ATen's fused kernels where input and weight share a dtype"
+        if fused.HAS_NATIVE_NORM
+        else "the formula"
+    )
     return f"LoRA input casts off on {casts} layers; fused, eager (norms: {norms}): {fused.install(model)}"
 
 

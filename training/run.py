@@ -29,7 +29,7 @@ from core.run_protocol import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, Ru
 if TYPE_CHECKING:
     from training.recipe import StopFlag
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_STOPPED", "classify_error", "main", "run"]
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_STOPPED", "classify_error", "main", "process_defaults", "run"]
 log = logging.getLogger("ftune.training")
 
 
@@ -38,6 +38,18 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m training.run <run.json>", file=sys.stderr)
         return EXIT_USAGE
+    process_defaults()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    config = RunConfig.model_validate_json(Path(argv[0]).read_text())
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop_with_worker()  # a worker that dies stops its training as a cancel would: checkpoint, exit 3
+    return run(config, stop)
+
+
+def process_defaults() -> None:
+    """The environment a training process keeps unless told otherwise; set before torch or transformers
+    import (training.forkserver sets it before its imports too)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network, even by accident
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # CUDA's caching allocator, before its first allocation: expandable segments grow one mapping instead
@@ -45,12 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     # (and QLoRA's per-layer dequantised weights) do not strand reserved memory. The planner's total
     # assumes it; set PYTORCH_CUDA_ALLOC_CONF to choose otherwise.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
-    config = RunConfig.model_validate_json(Path(argv[0]).read_text())
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    stop_with_worker()  # a worker that dies stops its training as a cancel would: checkpoint, exit 3
-    return run(config, stop)
 
 
 def run(config: RunConfig, stop: StopFlag | None = None) -> int:

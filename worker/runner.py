@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,11 @@ from models.db import session_scope
 from models.placement import Placer
 from worker.claiming import claim_next, set_current_job
 from worker.devices import detect_devices
+from worker.forking import READY_TIMEOUT_S, ForkServer
 from worker.outcome import Outcome
 from worker.recording import Recorder
 from worker.run_config import write_run_config
-from worker.supervision import supervise, training_command
+from worker.supervision import Child, spawn, supervise, training_command, training_env, training_processes
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +55,18 @@ class JobRunner:
         command: Callable[[Path], list[str]] | None = None,
         devices: list[dict[str, Any]] | None = None,
         stopping: threading.Event | None = None,
+        forks: ForkServer | None = None,
     ) -> None:
-        """`stopping`: set when the worker process shuts down; a running job checkpoints, stops and goes
-        back to the queue, and no further job is claimed."""
+        """`command`: what starts a run, in place of training (tests). `stopping`: set when the worker
+        process shuts down; a running job checkpoints, stops and goes back to the queue, and no further job
+        is claimed. `forks`: a fork server to start single-process training runs from when it can."""
         self.settings = settings
         self.sessions = sessions
         self.enqueue = enqueue
         self.storage = Storage(settings.data_dir)
         self.catalog = Catalog(settings.models_dir, settings.hf_cache_dir)
-        self.command = command or training_command
+        self.command = command
+        self.forks = forks
         self.me = settings.worker_name or worker_id()
         self.devices = devices if devices is not None else detect_devices(settings.worker_devices)
         self.placer = Placer(self.catalog)
@@ -106,8 +111,7 @@ class JobRunner:
 
     def _attempt(self, job_id: str, attempt: int, run_json: Path) -> str:
         rc = supervise(
-            self.command(run_json),
-            log_path=self.storage.log_path(job_id),
+            lambda: self._start(job_id, attempt, run_json),
             metrics_path=self.storage.metrics_path(job_id),
             interval=self.settings.progress_interval_seconds,
             started=lambda pid: self.recorder.started(job_id, attempt, pid),
@@ -118,6 +122,28 @@ class JobRunner:
             log.warning("job %s: attempt %d lost its lease; another worker owns it now", job_id, attempt)
             return "lost"
         return self.outcome.judge(job_id, attempt, rc)
+
+    def _start(self, job_id: str, attempt: int, run_json: Path) -> Child:
+        """The run: forked from the fork server where it can (real training, one process), else a fresh
+        process."""
+        log_path = self.storage.log_path(job_id)
+        if self.command is None and self.forks is not None and training_processes(run_json) == 1:
+            self._await_fork_server(self.forks, job_id, attempt)
+            forked = self.forks.fork(run_json, log_path, training_env())
+            if forked is not None:
+                log.info("job %s: training forked from the fork server (pid %d)", job_id, forked.pid)
+                return forked
+        return spawn((self.command or training_command)(run_json), log_path)
+
+    def _await_fork_server(self, forks: ForkServer, job_id: str, attempt: int) -> None:
+        """Wait while the fork server imports (a fresh process would spend that time importing too),
+        keeping the job's lease as supervise does for a process that runs."""
+        forks.start()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        interval = self.settings.progress_interval_seconds
+        while not forks.wait(interval) and time.monotonic() < deadline:
+            if not self.recorder.relay(job_id, attempt, []):
+                return  # lost meanwhile: supervise's first relay finds that too
 
     def _stop_wanted(self, job_id: str) -> bool:
         """A pause or a cancel was asked for."""

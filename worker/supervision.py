@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import Protocol
 
 from core.process import child_env
 from core.run_protocol import EXIT_STOPPED, Record, RecordTail, RunConfig, StoppedRecord
@@ -23,11 +23,16 @@ from core.run_protocol import EXIT_STOPPED, Record, RecordTail, RunConfig, Stopp
 SHUTDOWN_TIMEOUT_S = 600
 
 
+def training_processes(run_json: Path) -> int:
+    """How many processes the run trains in: one, or one FSDP rank per device (num_gpus)."""
+    return RunConfig.model_validate_json(run_json.read_text()).spec.num_gpus
+
+
 def training_command(run_json: Path) -> list[str]:
     """One process, or with num_gpus > 1 one FSDP rank per device under torchrun (gloo ranks on a CPU)."""
     from training import run  # standard library and core only at import: for its name, never called
 
-    n = RunConfig.model_validate_json(run_json.read_text()).spec.num_gpus
+    n = training_processes(run_json)
     if n == 1:
         return [sys.executable, "-m", run.__name__, str(run_json)]
     # --standalone: a private rendezvous on a free port, so jobs on one machine do not collide.
@@ -35,35 +40,50 @@ def training_command(run_json: Path) -> list[str]:
     return [*launcher, "-m", run.__name__, str(run_json)]
 
 
-def spawn(command: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
-    """Start a child of this worker. No preexec_fn (not fork-safe in a threaded worker): the child stops
-    itself when this process ends (core.process.stop_with_worker, told our pid by child_env)."""
-    return subprocess.Popen(
-        command,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # a Ctrl-C on the terminal reaches us, not the trainer
-        env=child_env(PYTHONUNBUFFERED="1", TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(SHUTDOWN_TIMEOUT_S)),
-    )
+class Child(Protocol):
+    """A training run as supervise watches it: a subprocess.Popen, or a worker.forking.ForkedRun."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+def training_env() -> dict[str, str]:
+    """The training process's environment, however it starts: it stops itself when this process ends
+    (core.process.stop_with_worker, told our pid by child_env)."""
+    return child_env(PYTHONUNBUFFERED="1", TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(SHUTDOWN_TIMEOUT_S))
+
+
+def spawn(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start `command` as a child of this worker, its output appended to log_path. No preexec_fn (not
+    fork-safe in a threaded worker)."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C on the terminal reaches us, not the trainer
+            env=training_env(),
+        )
 
 
 def supervise(
-    command: list[str],
+    start: Callable[[], Child],
     *,
-    log_path: Path,
     metrics_path: Path,
     interval: float,
     started: Callable[[int], None],
     relay: Callable[[list[Record]], bool],
     stop_wanted: Callable[[], bool],
 ) -> int | None:
-    """Run `command` (its output appended to log_path) to its end, handing each poll's new records to
-    `relay` (False: the job is no longer ours). Returns the exit code to judge, EXIT_STOPPED for a run that
-    recorded a stop, or None when the job was lost to another worker."""
+    """Start the run (`start`) and watch it to its end, handing each poll's new records to `relay` (False:
+    the job is no longer ours). Returns the exit code to judge, EXIT_STOPPED for a run that recorded a
+    stop, or None when the job was lost to another worker."""
     tail = RecordTail(metrics_path)
     tail.read_new()  # skip records of earlier attempts
-    with log_path.open("ab") as logf:
-        proc = spawn(command, logf)
+    proc = start()
     started(proc.pid)
     stop_sent = False
     owned = True
@@ -81,5 +101,6 @@ def supervise(
     owned = relay(records) and owned
     if not owned:
         return None
-    rc = proc.returncode
+    rc = proc.poll()
+    assert rc is not None
     return EXIT_STOPPED if stopped and rc != 0 else rc

@@ -34,6 +34,7 @@ from models.db import make_engine, make_session_factory, session_scope
 from models.token_stats import compute_and_store, worker_compute
 from worker.celery_app import DELIVER_WEBHOOKS, create_celery
 from worker.dispatch import pass_on, refresh_waiting
+from worker.forking import ForkServer
 from worker.reaper import reap, release_predecessor
 from worker.runner import JobRunner
 from worker.webhooks import Deliverer
@@ -156,7 +157,7 @@ def build_worker(settings: Settings, app: Celery) -> Worker:
     """The Worker of a process: its database, this app's publisher, the real token statistics."""
     sessions = make_session_factory(make_engine(settings.resolved_database_url))
     wake = Enqueuer(app.send_task, RUN_JOB)
-    runner = JobRunner(settings, sessions, wake)
+    runner = JobRunner(settings, sessions, wake, forks=ForkServer() if settings.fork_training else None)
 
     def queue_depth() -> int | None:
         """Messages waiting in the shared jobs queue and the class queues of the fleet."""

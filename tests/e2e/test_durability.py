@@ -55,6 +55,7 @@ class Cluster:
             FTUNE_REAPER_INTERVAL_SECONDS="1",
             FTUNE_RESEND_AFTER_SECONDS="2",
             FTUNE_MAX_ATTEMPTS="5",
+            FTUNE_PROGRESS_INTERVAL_SECONDS="0.25",  # a step seen soon after it is taken (wait_step)
         )
         if db_url:
             extra["FTUNE_DATABASE_URL"] = db_url
@@ -204,7 +205,7 @@ def test_killed_workers_lose_no_work(cluster: Cluster, dataset_id: str) -> None:
 
     job_id = cluster.submit(dataset_id, max_steps=steps)
     rng = random.Random()
-    kills = sorted(rng.sample(range(4, steps - 2), 2))
+    kills = sorted(rng.sample(range(4, steps - 8), 2))  # steps left to see it running at, and kill it
     print(f"killing the worker at steps {kills}")
     for attempt, at in enumerate(kills, start=1):
         cluster.wait_step(job_id, at, attempt)

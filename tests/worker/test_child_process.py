@@ -44,8 +44,7 @@ from pathlib import Path
 from worker.supervision import spawn
 out = Path(sys.argv[1])
 def start():
-    with (out / "child.log").open("ab") as log:
-        spawn([sys.executable, "-c", sys.argv[2], str(out), sys.argv[3], sys.argv[2]], log)
+    spawn([sys.executable, "-c", sys.argv[2], str(out), sys.argv[3], sys.argv[2]], out / "child.log")
 t = threading.Thread(target=start)
 t.start()
 t.join()
@@ -122,9 +121,8 @@ def test_a_grandchild_stops_with_the_worker_too(tmp_path: Path) -> None:
 
 
 def test_spawn_names_the_worker_in_the_childs_environment(tmp_path: Path) -> None:
-    with (tmp_path / "log").open("ab") as log:
-        proc = supervision.spawn(
-            [sys.executable, "-c", "import os; print(os.environ['FTUNE_WORKER_PID'])"], log
-        )
+    proc = supervision.spawn(
+        [sys.executable, "-c", "import os; print(os.environ['FTUNE_WORKER_PID'])"], tmp_path / "log"
+    )
     assert proc.wait(30) == 0
     assert (tmp_path / "log").read_text().strip() == str(os.getpid())
