@@ -20,14 +20,13 @@ install: $(STAMP)
 up: install
 	$(VENV)/bin/ftune up
 
-# Two pytest-xdist workers: on 2 cores the suite is CPU-bound, and one process left a core idle while a
-# test waited on its servers and subprocesses (2026-11-27, 2 AMD EPYC cores: one process over 25 min,
-# 2 workers 18.4, 3 workers 19.9). TEST_WORKERS=0 runs it in one process.
-TEST_WORKERS ?= 2
-# One OpenMP thread a process: the suite runs two training processes at once (its two workers, or a worker
-# and the service it drives), and two of torch's default 2-thread pools on 2 cores spin at their barriers
+# One OpenMP thread a process: the suite runs several training processes at once (its workers, or a worker
+# and the service it drives), and torch's default 2-thread pools on 2 cores spin at their barriers
 # (2026-11-27, the demo model's 60 steps: two runs at once took 88-102 s, one alone 10-22 s; with one
-# thread each the pair took 14-26 s).
+# thread each the pair took 14-26 s). With one thread each, a third pytest-xdist worker fills the time
+# the others wait on servers and subprocesses (2026-11-27, 2 cores: 2 workers 23:41, 3 workers 18:26;
+# with 2 threads a process 3 workers had been slower than 2). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 3
 TEST_THREADS ?= 1
 test: install
 	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -n $(TEST_WORKERS)
