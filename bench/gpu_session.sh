@@ -23,8 +23,8 @@
 # 3. bench/gpu_kernels.py (packed attention's kernel, the chunked loss head, host syncs; KERNELS=0 leaves
 #    it out), then bench/fused_ops.py (the fused norm, gate and rotary embedding, compiled and eager,
 #    against the modules' own; FUSED=0 leaves it out), each under a timeout;
-# 4. bench/gpu_vs_trl.py --compiled-layers (ftune against TRL's SFTTrainer, and ftune with its decoder
-#    layers compiled), under a timeout; CKPT=1 adds a pass with gradient checkpointing on, if time is left;
+# 4. bench/gpu_vs_trl.py --eager-layers (ftune against TRL's SFTTrainer, its decoder layers compiled, and
+#    with them eager), under a timeout; CKPT=1 adds a pass with gradient checkpointing on, if time is left;
 # 5. bench/gpu_check.py --steps 6 (the planner against the engine), under a timeout, reusing that model,
 #    then bench/step_profile.py (where the 1.1B step's time goes, by kernel; PROFILE=0 leaves it out);
 #    (SFT=0 leaves steps 4 and 5 out.)
@@ -91,6 +91,10 @@ from trl import SFTConfig, SFTTrainer  # noqa: F401
 print("imports ok: core, training.run, trl.SFTTrainer")
 EOF
 
+  # does the training fork server (worker.forking) serve on a CUDA build, or decline (libcuda mapped at import)?
+  echo "== training.forkserver on this machine at ${SECONDS}s"
+  timeout -k 5 60 python3 -m training.forkserver "$WORK/forkserver.sock" < /dev/null | head -n 1
+
   # every kind of job on a tiny model first (~15 s): an engine error on this device then costs seconds,
   # not every bench below (2026-11-27: each job of a 7-minute call failed at its first CUDA line)
   if [ "${PREFLIGHT:-1}" = 1 ]; then
@@ -122,8 +126,8 @@ EOF
     # gpu_vs_trl first (the speed goal, and the decoder layers compiled or eager on the whole step); it
     # builds the 1.1B model where gpu_check then finds it
     t=$(part_timeout 260 $((sft_tail + 120)))
-    echo "== bench/gpu_vs_trl.py --compiled-layers (timeout ${t}s) at ${SECONDS}s"
-    timeout -k 15 "$t" python3 bench/gpu_vs_trl.py --compiled-layers --keep "$WORK/vs" \
+    echo "== bench/gpu_vs_trl.py --eager-layers (timeout ${t}s) at ${SECONDS}s"
+    timeout -k 15 "$t" python3 bench/gpu_vs_trl.py --eager-layers --keep "$WORK/vs" \
       --models "$WORK/check/models" --budget $((t - 25)) --run-timeout 150 --json-out "$OUT/gpu_vs_trl.json"
     echo "gpu_vs_trl exit $? at ${SECONDS}s"
 

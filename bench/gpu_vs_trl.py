@@ -1,7 +1,7 @@
 """ftune's engine against TRL's SFTTrainer on one GPU: the same model, data, LoRA, batch, precision and
 gradient checkpointing, each run in a process of its own.
 
-    python3 bench/gpu_vs_trl.py [--steps 30] [--checkpointing] [--compiled-fused] [--compiled-layers]
+    python3 bench/gpu_vs_trl.py [--steps 30] [--checkpointing] [--compiled-fused] [--eager-layers]
                                 [--keep DIR] [--models DIR] [--json-out FILE]
 
 Builds (bench/sft_job.py) a ~1.1B-parameter Llama-shaped model (bench/gpu_check.py's shape and name: random
@@ -10,16 +10,19 @@ user turn and an assistant reply, lognormal lengths, median ~120 words) as JSONL
 N steps:
 
   ftune packed    the real engine: a RunConfig and `python -m training.run run.json` (through this file's
-  ftune padded    --ftune-entry, which reads the CUDA allocator's peaks in the training process after it)
+  ftune padded    --ftune-entry, which reads the CUDA allocator's peaks in the training process after it);
+                  its decoder layers compiled for the training step where the engine compiles them
+                  (training.compiled: on CUDA, here without checkpointing)
   trl packed      TRL's SFTTrainer (bench/trl_reference.py), packing=True (best-fit decreasing, padding-free)
   trl padded      TRL's SFTTrainer, padded micro-batches (transformers' length-grouped sampler, where it has
                   one: ftune's padded batches are length-grouped too)
-  ftune jit       with --compiled-fused, after the packed pair: ftune packed, with the engine's fused
+  ftune eager     with --eager-layers, after the packed pair: ftune packed with its layers run eagerly
+                  (RunConfig.compile_layers false: the worker's FTUNE_COMPILE_LAYERS=false)
+  ftune jit       with --compiled-fused, after the packed pair: ftune eager, with the engine's fused
                   norms, gates and rotary embeddings compiled (training.fused, jit=True), not run eagerly
-  ftune compiled  with --compiled-layers, after the packed pair: ftune packed, each decoder layer
-                  torch.compile'd whole (bench/sft_job.py's prepare_engine). Each is an A/B for the
-                  engine's default on CUDA; its first step (compiling) is not timed, as no run's is;
-                  below the table, what torch.compile made in it (graphs, recompiles, graph breaks)
+                  Each is an A/B for the engine's default on CUDA. No run's first step (where the layers
+                  compile) is timed; below the table, what torch.compile made in each ftune run that
+                  compiled (graphs, recompiles, graph breaks)
 
 Both sides: LoRA r16 alpha 32 dropout 0 on all linear layers; base weights bf16 under bf16 autocast (the
 LoRA weights fp32, peft's and ftune's default); micro-batch 8 x max_seq_len 1024 (packed: 8 rows of up to
@@ -84,14 +87,15 @@ from trl_reference import cuda_peaks, outcome, speed, trl_entry, trl_row  # noqa
 
 
 def ftune_entry(run_json: str, compiled: str = "") -> int:
-    """Train through the engine's own entry point in this process, then record the allocator's peaks.
-    `compiled`: what is compiled in this process's engine (sft_job.prepare_engine)."""
+    """Train through the engine's own entry point in this process, then record the allocator's peaks and
+    what torch.compile made. `compiled`: what this bench compiles in the engine (sft_job.prepare_engine)."""
     from training.run import main
 
     prepare_engine(compiled)
     code = main([run_json])
     out = Path(json.loads(Path(run_json).read_text())["output_dir"]) / "cuda_peaks.json"
-    out.write_text(json.dumps(cuda_peaks() | ({"compiled": compile_counts()} if compiled else {})))
+    counts = compile_counts()
+    out.write_text(json.dumps(cuda_peaks() | ({"compiled": counts} if counts["graphs"] else {})))
     return code
 
 
@@ -157,8 +161,9 @@ class Run:
     name: str
     engine: str  # "ftune" | "trl"
     packing: bool
-    # ftune: what its engine compiles: "fused" (--compiled-fused), "layers" (--compiled-layers); sft_job
+    # ftune: what this bench compiles in its engine: "fused" (--compiled-fused; sft_job.prepare_engine)
     compiled: str = ""
+    compile_layers: bool = True  # RunConfig.compile_layers (--eager-layers: false)
 
     @property
     def dir_name(self) -> str:
@@ -168,9 +173,9 @@ class Run:
 # The pairs first: a budget that runs out still leaves a comparison.
 RUNS = (Run("ftune packed", "ftune", True), Run("trl packed", "trl", True),
         Run("ftune padded", "ftune", False), Run("trl padded", "trl", False))  # fmt: skip
-COMPILED = {
-    "fused": Run("ftune jit", "ftune", True, "fused"),
-    "layers": Run("ftune compiled", "ftune", True, "layers"),
+EXTRA = {
+    "eager": Run("ftune eager", "ftune", True, compile_layers=False),
+    "fused": Run("ftune jit", "ftune", True, "fused", compile_layers=False),
 }
 
 
@@ -183,8 +188,9 @@ def start_run(run: Run, setup: Setup, model: Path, data: Path, work: Path) -> Pr
     spec = job_spec(setup, run.packing, model.name)
     if run.engine == "ftune":
         config = RunConfig(
-            job_id=run.dir_name, spec=spec, model_dir=str(model), dataset_path=str(data), output_dir=str(out)
-        )
+            job_id=run.dir_name, spec=spec, model_dir=str(model), dataset_path=str(data), output_dir=str(out),
+            compile_layers=run.compile_layers,
+        )  # fmt: skip
         (out / "run.json").write_text(config.model_dump_json())
         entry = [
             "--ftune-entry",
@@ -311,7 +317,7 @@ def main() -> int:
         "--compiled-fused", action="store_true", help="also ftune with its fused functions compiled"
     )
     parser.add_argument(
-        "--compiled-layers", action="store_true", help="also ftune with its decoder layers compiled"
+        "--eager-layers", action="store_true", help="also ftune with its decoder layers run eagerly"
     )
     parser.add_argument("--keep", type=Path, help="work directory (default: a temporary one)")
     parser.add_argument(
@@ -377,9 +383,7 @@ def main() -> int:
         f"timed: steps 2..{setup.steps}; MFU = 6 x parameters x tok/s / bf16 peak",
         flush=True,
     )
-    extra = [
-        COMPILED[m] for m, on in (("fused", args.compiled_fused), ("layers", args.compiled_layers)) if on
-    ]
+    extra = [EXTRA[m] for m, on in (("eager", args.eager_layers), ("fused", args.compiled_fused)) if on]
     runs = [*RUNS[:2], *extra, *RUNS[2:]]  # after the packed pair, which a spent budget still leaves
     if smoke:  # a test of the script, not a measurement: all at once
         procs = [(run, start_run(run, setup, model, data, work)) for run in runs]

@@ -117,39 +117,24 @@ def job_spec(setup: Setup, packing: bool, base_model: str):  # -> core.spec.JobS
     )
 
 
-COMPILE_MODES = ("fused", "layers")
+COMPILE_MODES = ("fused",)
 
 
 def prepare_engine(compiled: str = "") -> None:
     """The engine in this bench process, before it trains. `compiled` (where use_cuda_paths acts: CUDA):
     "fused", its fused norms, gates and rotary embeddings compiled (training.fused, jit=True) where
-    use_cuda_paths installs them eagerly; "layers", each decoder layer torch.compile'd whole (dynamic
-    shapes, at its first real call; the fused functions then run the modules' own code inside it, which
-    inductor fuses with the LoRA adds, the residual adds and the rest), the engine's step otherwise
-    unchanged. On a CPU, the peak memory is not profiled: the smoke times nothing, that profiling of the
-    first steps (training.memory) would take most of its wall time, and it cannot run inside another torch
-    profiler. On a GPU the peak is the allocator's, never profiled."""
+    use_cuda_paths installs them eagerly (the engine's compiled decoder layers are
+    RunConfig.compile_layers: training.compiled), the engine's step otherwise unchanged. On a CPU, the
+    peak memory is not profiled: the smoke times nothing, that profiling of the first steps
+    (training.memory) would take most of its wall time, and it cannot run inside another torch profiler.
+    On a GPU the peak is the allocator's, never profiled."""
     import torch
 
-    from training import distributed, fused, memory
-    from training import model as model_lib
+    from training import fused, memory
 
     if compiled == "fused":
         install = fused.install
         fused.install = lambda model, jit=True: install(model, jit=True)  # type: ignore[assignment]
-    elif compiled == "layers":
-        use_cuda_paths = model_lib.use_cuda_paths
-
-        def compiled_layers(net, device: torch.device, autocast: bool) -> str:
-            done = use_cuda_paths(net, device, autocast)
-            if device.type != "cuda":
-                return done
-            layers = distributed.decoder_layers(net)
-            for layer in layers:
-                layer.compile(dynamic=True)
-            return f"{done}; {len(layers)} decoder layers compiled"
-
-        model_lib.use_cuda_paths = compiled_layers  # type: ignore[assignment]
     elif compiled:
         raise ValueError(f"compiled: one of {COMPILE_MODES}, not {compiled!r}")
     if not torch.cuda.is_available():

@@ -3,14 +3,15 @@ packed" job (bench/sft_job.py: the 1.1B model, its rows and spec: micro-batch 8 
 bf16, no checkpointing) run through the recipe (training.recipe setup -> train) under torch.profiler, for
 the numbers the MFU goal needs and a timing cannot give.
 
-    python bench/step_profile.py [--steps 8] [--models DIR] [--compile fused|layers] [--rows 25]
+    python bench/step_profile.py [--steps 8] [--models DIR] [--eager-layers] [--compile fused] [--rows 25]
 
 Prints the steps' wall time beside the device's busy time (the kernels' time summed: what a step would
 take with no gap between kernels), that time by kind of kernel (matrix products, attention, the loss head,
-elementwise and the rest, by kernel name), and the kernels that take the most. --compile fused: the
-engine's fused functions compiled (as bench/gpu_vs_trl.py --compiled-fused); --compile layers: its decoder
-layers compiled (as --compiled-layers). On a CPU (its smoke test) the smoke's tiny
-model and the CPU's operators stand in for kernels.
+elementwise and the rest, by kernel name), and the kernels that take the most. The engine's decoder layers
+are compiled as it compiles them (training.compiled: on CUDA); --eager-layers: run eagerly (as
+bench/gpu_vs_trl.py's "ftune eager"); --compile fused, with them, the engine's fused functions compiled
+(as --compiled-fused). On a CPU (its smoke test) the smoke's tiny model and the CPU's operators stand in for
+kernels.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ import sft_job  # bench/, this script's own folder
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# a kernel's kind, by the first of these its name contains (lowercase); the rest is "other"
+# a kernel's kind, by the first of these its name contains (lowercase); the rest is "other". Attention
+# first: flash attention's kernels name cutlass in their template arguments. nvjet: cuBLAS' GEMM kernels
+# on Hopper (an H200, 2026-11-28, counted them as "other" before)
 KINDS = [
-    ("matrix products", ("gemm", "xmma", "cutlass", "cublas", "matmul", "addmm", "mm")),
     ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("matrix products", ("gemm", "xmma", "cutlass", "cublas", "nvjet", "matmul", "addmm", "mm")),
     ("loss head", ("cross_entropy", "log_softmax", "nll")),
     ("optimizer", ("adam", "foreach", "multi_tensor")),
     ("elementwise", ("elementwise", "vectorized", "triton", "reduce", "copy", "fill", "cat")),
@@ -55,8 +58,9 @@ def main() -> int:
         "--compile",
         default="",
         choices=["", *sft_job.COMPILE_MODES],
-        help="fused: the fused functions compiled; layers: each decoder layer compiled",
+        help="fused: the fused functions compiled",
     )
+    parser.add_argument("--eager-layers", action="store_true", help="the decoder layers run eagerly")
     parser.add_argument("--rows", type=int, default=25, help="kernels listed")
     args = parser.parse_args()
     if args.steps < 3:
@@ -75,7 +79,7 @@ def main() -> int:
     data = sft_job.write_rows(work / "rows.jsonl", setup.rows, setup.median_words)
     spec = sft_job.job_spec(setup, True, model.name)
     config = RunConfig(job_id="profile", spec=spec, model_dir=str(model), dataset_path=str(data),
-                       output_dir=str(work / "out"))  # fmt: skip
+                       output_dir=str(work / "out"), compile_layers=not args.eager_layers)  # fmt: skip
     sft_job.prepare_engine(compiled=args.compile)
     state = recipe.setup(config, Never())
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -107,7 +111,8 @@ def main() -> int:
     where = torch.cuda.get_device_name(0) if cuda else "CPU (smoke: not a measurement)"
     print(
         f"step_profile on {where}: {steps} steps, micro-batch {setup.micro_batch} x {setup.max_seq_len} "
-        f"packed, compiled: {args.compile or 'nothing'}; profiled: steps 3..{args.steps}"
+        f"packed, layers {'eager' if args.eager_layers else 'as the engine compiles them'}, compiled: "
+        f"{args.compile or 'nothing more'}; profiled: steps 3..{args.steps}"
     )
     print(
         f"wall {wall / steps * 1e3:8.1f} ms a step (profiled); device busy {busy_us / steps / 1e3:8.1f} ms "

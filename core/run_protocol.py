@@ -91,6 +91,9 @@ class RunConfig(BaseModel):
     # spec.init_from's adapter directory (the earlier job's output adapter/), resolved by the worker.
     init_adapter_dir: str | None = None
     grading: GradingConfig = GradingConfig()  # objective grpo: how its samples are graded
+    # torch.compile the decoder layers' training step where the engine does (training.compiled): the
+    # worker's settings.compile_layers
+    compile_layers: bool = True
 
 
 class _Record(BaseModel):

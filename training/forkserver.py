@@ -8,8 +8,9 @@ starts a fresh process instead whenever this server cannot serve.
 
 Forking is safe only while the parent holds no CUDA state (a child of a process that initialised CUDA
 cannot use it), and while no thread pool has run: this server imports and never computes, and it declines
-to serve if CUDA was initialised or its driver library loaded during the imports. On a CUDA machine that
-decline is expected (torch's CUDA build may load the driver library at import) and jobs start fresh there.
+to serve if CUDA was initialised or its driver library loaded during the imports. On a CUDA machine it
+declines (an H200 with torch 2.11+cu130, 2026-11-28: "CUDA was initialised while importing") and jobs start
+fresh there.
 
 The protocol, JSON lines. The server's first line on stdout: {"ready": true} or {"ready": false, "why":
 ...}. Then one connection to the socket per run: the worker sends {"run_json", "log", "env", "cwd"}, the

@@ -40,6 +40,7 @@ from core.storage import ADAPTER_DIR, CHECKPOINTS_DIR, MERGED_DIR, METRICS_FILE
 from training import (
     batches,
     checkpoint,
+    compiled,
     distributed,
     evaluate,
     export,
@@ -130,6 +131,7 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
     init = Path(config.init_adapter_dir) if config.init_adapter_dir else None  # spec.init_from's adapter
     net = model.load_model(spec, Path(config.model_dir), on, init_adapter=init)
     log.info("CUDA paths: %s", model.use_cuda_paths(net, device, autocast=precision.dtype is not None))
+    log.info("compiled: %s", compiled.compile_layers(net, spec, device, sharded, config.compile_layers))
     if sharded:
         distributed.shard(net, device)
         log.info("FSDP over %d processes", distributed.world_size())

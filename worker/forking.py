@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -73,7 +74,7 @@ class ForkedRun:
             return None
         self._conn.close()
         log.warning("run %d ended after its fork server; its exit code is unknown", self.pid)
-        return -9
+        return -signal.SIGKILL  # as subprocess reports a killed process
 
 
 class ForkServer:

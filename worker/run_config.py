@@ -27,9 +27,11 @@ def write_run_config(
     catalog: Catalog,
     job_id: str,
     grading: GradingConfig | None = None,
+    compile_layers: bool = True,
 ) -> Path:
     """Write the job's run.json (and clear an earlier attempt's error file); returns its path. `grading`:
-    how a grpo run grades (the worker's settings; run.json is the worker's own, mode 0600)."""
+    how a grpo run grades, `compile_layers` whether its engine compiles (the worker's settings; run.json
+    is the worker's own, mode 0600)."""
     with session_scope(sessions) as s:
         job = jobs_db.get_job(s, job_id)
         assert job is not None
@@ -52,6 +54,7 @@ def write_run_config(
         # spec.init_from: the earlier job's adapter (admission checked its tenant, status and base)
         init_adapter_dir=str(init_dir) if init_dir else None,
         grading=grading or GradingConfig(),
+        compile_layers=compile_layers,
     )
     path = storage.run_config_path(job_id)
     atomic_write_text(path, config.model_dump_json(indent=2))

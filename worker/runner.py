@@ -98,6 +98,7 @@ class JobRunner:
                 catalog=self.catalog,
                 job_id=job_id,
                 grading=GradingConfig.from_settings(self.settings),
+                compile_layers=self.settings.compile_layers,
             )
             return self._attempt(job_id, attempt, run_json)
         except Exception as e:

@@ -87,7 +87,10 @@ def test_the_worker_learns_how_a_forked_run_ended(forks: ForkServer, make_config
     assert wait(forked(forks, write_run(failing, tmp_path), tmp_path / "failing.log")) == EXIT_FAILED
     assert json.loads((Path(failing.output_dir) / ERROR_FILE).read_text())["code"]
 
-    for name, sig, expected in (("stopped", signal.SIGTERM, EXIT_STOPPED), ("killed", signal.SIGKILL, -9)):
+    for name, sig, expected in (
+        ("stopped", signal.SIGTERM, EXIT_STOPPED),
+        ("killed", signal.SIGKILL, -signal.SIGKILL),
+    ):
         config = make_config(name=name, max_steps=10_000)
         run = forked(forks, write_run(config, tmp_path), tmp_path / f"{name}.log")
         deadline = time.monotonic() + 120
@@ -113,7 +116,7 @@ def test_a_run_outlives_its_server_and_the_server_comes_back(
     time.sleep(0.5)
     assert run.poll() is None  # still training, no longer anyone's to report
     os.kill(run.pid, signal.SIGTERM)
-    assert wait(run) == -9
+    assert wait(run) == -signal.SIGKILL
     dead = forks.pid
     again = write_run(make_config(name="again", max_steps=1), tmp_path)
     assert forks.fork(again, tmp_path / "again.log", training_env()) is None  # and a new server starts
