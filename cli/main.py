@@ -62,10 +62,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     cpu = args.queue == "cpu"
     # A trainer consumes the shared queue and its device class's (core.queues: placement).
     jobs_queues = f"{QUEUE},{class_queue(detect_devices(settings.worker_devices))}"
+    # The slots as run, also where the runner reads them (each run's share of the CPUs: threads_per_run)
+    settings.worker_concurrency = args.concurrency or (1 if cpu else settings.worker_concurrency)
     argv = [
         "worker",
         "--pool=threads",
-        f"--concurrency={args.concurrency or (1 if cpu else settings.worker_concurrency)}",
+        f"--concurrency={settings.worker_concurrency}",
         f"--queues={CPU_QUEUE if cpu else jobs_queues}",
         "--loglevel=INFO",
         "--without-gossip",

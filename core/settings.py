@@ -96,8 +96,8 @@ class Settings(BaseSettings):
     # Start single-process training runs from a warm fork server (training.forkserver), saving each run
     # the ~5 s of importing torch, transformers and peft; false: a fresh process per run.
     fork_training: bool = True
-    # torch.compile each decoder layer's training step on CUDA where it was measured to pay (LoRA without
-    # checkpointing, one GPU: training.compiled); false: every layer runs eagerly.
+    # torch.compile each decoder layer's training step on CUDA where it was measured to pay (packed SFT,
+    # LoRA without checkpointing, one GPU: training.compiled); false: every layer runs eagerly.
     compile_layers: bool = True
     # Declared devices of this worker (e.g. "A100-80GB,A100-80GB" or "24GB"); empty: detect.
     worker_devices: str = ""

@@ -9,10 +9,11 @@ break in 30 steps of varying packed lengths (dynamic shapes); compiling took ~15
 
 Only the training step runs the compiled code: a call without autograd (evaluation, a DPO reference pass,
 GRPO's sampling with its KV cache) runs the layer's own, since it would compile other graphs for what it
-is called with. And only where that was measured: CUDA, LoRA on unquantized weights, gradient
-checkpointing off, one process. QLoRA (bitsandbytes' kernels), checkpointing (the layer recomputed in the
-backward pass) and FSDP (its hooks around each layer) are not timed compiled on a GPU yet; there the
-layers run eagerly. The worker's FTUNE_COMPILE_LAYERS=false turns it off (RunConfig.compile_layers).
+is called with. And only where that was measured: CUDA, objective sft, packed rows, LoRA on unquantized
+weights, gradient checkpointing off, one process. Padded batches (another attention path), DPO and GRPO
+(other calls of the layers in a step), QLoRA (bitsandbytes' kernels), checkpointing (the layer recomputed
+in the backward pass) and FSDP (its hooks around each layer) are not timed compiled on a GPU yet; there
+the layers run eagerly. The worker's FTUNE_COMPILE_LAYERS=false turns it off (RunConfig.compile_layers).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def why_not_compiled(spec: JobSpec, device: torch.device, sharded: bool, wanted:
         return "not CUDA"
     if spec.method != "lora":
         return f"{spec.method}: its quantized layers are not timed compiled"
+    if spec.objective != "sft":
+        return f"objective {spec.objective}: not timed compiled"
+    if not spec.packing:
+        return "padded batches: not timed compiled"
     if spec.gradient_checkpointing:
         return "gradient checkpointing: not timed compiled"
     if sharded:

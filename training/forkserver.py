@@ -23,6 +23,7 @@ worker that started it has ended); children carry on, each watching the worker i
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -39,25 +40,39 @@ from training import run
 REQUEST_TIMEOUT_S = 10.0  # a worker sends its request at once; a silent connection is dropped
 
 
+# What a run imports, in this order: the llama module is the demo's and most bases' family; the engine and
+# its objectives last.
+WARM_IMPORTS = (
+    "torch",
+    "transformers",
+    "transformers.models.llama.modeling_llama",
+    "peft",
+    "training.recipe",
+    "training.dpo",
+    "training.grpo_loss",
+)
+
+
 def warm() -> str | None:
-    """Import what a run imports; returns why forking would be unsafe, or None."""
-    import peft  # noqa: F401
-    import torch
-    import transformers
-    import transformers.models.llama.modeling_llama  # noqa: F401  (the demo's and most bases' family)
-
-    from training import dpo, grpo_loss, recipe  # noqa: F401  (the engine, its objectives)
-
-    if torch.cuda.is_initialized():
-        return "CUDA was initialised while importing"
-    if _driver_loaded():
-        return "CUDA's driver library loaded while importing (a fork could inherit its state)"
+    """Import what a run imports; returns why forking would be unsafe, naming the import that made it so
+    (on an H200, 2026-11-28: "CUDA was initialised while importing", before imports were named), or None."""
+    for name in WARM_IMPORTS:
+        importlib.import_module(name)
+        why = _cuda_touched()
+        if why:
+            return f"{why} while importing {name}"
     return None
 
 
-def _driver_loaded() -> bool:
+def _cuda_touched() -> str | None:
+    import torch
+
+    if torch.cuda.is_initialized():
+        return "CUDA was initialised"
     with open("/proc/self/maps") as maps:
-        return any("libcuda.so" in line for line in maps)
+        if any("libcuda.so" in line for line in maps):
+            return "CUDA's driver library was loaded (a fork could inherit its state)"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,6 +181,11 @@ def _child(request: dict[str, Any]) -> int:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # the OpenMP runtime read it when this server loaded it
+        import torch
+
+        torch.set_num_threads(int(threads))
     sys.argv = [run.__file__, request["run_json"]]
     return run.main([request["run_json"]])
 

@@ -105,7 +105,8 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
         device = distributed.init(device)
         if not distributed.is_main():
             log.setLevel(logging.WARNING)  # one rank's progress is enough
-    log.info("job %s: %s on %s, base %s", config.job_id, spec.method, device, config.model_dir)
+    where = f"{device} (CPU threads: {torch.get_num_threads()})" if device.type == "cpu" else device
+    log.info("job %s: %s on %s, base %s", config.job_id, spec.method, where, config.model_dir)
     memory.reset_cuda_peaks(device)  # this run's peak from its loading on, also in a busy process
 
     tokenizer = model.load_tokenizer(Path(config.model_dir))

@@ -37,7 +37,15 @@ from worker.forking import READY_TIMEOUT_S, ForkServer
 from worker.outcome import Outcome
 from worker.recording import Recorder
 from worker.run_config import write_run_config
-from worker.supervision import Child, spawn, supervise, training_command, training_env, training_processes
+from worker.supervision import (
+    Child,
+    spawn,
+    supervise,
+    threads_per_run,
+    training_command,
+    training_env,
+    training_processes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +119,9 @@ class JobRunner:
             set_current_job(self.sessions, self.me, None)
 
     def _attempt(self, job_id: str, attempt: int, run_json: Path) -> str:
+        deadline = time.monotonic() + READY_TIMEOUT_S  # for a starting fork server
         rc = supervise(
-            lambda: self._start(job_id, attempt, run_json),
+            lambda: self._start(job_id, run_json, deadline),
             metrics_path=self.storage.metrics_path(job_id),
             interval=self.settings.progress_interval_seconds,
             started=lambda pid: self.recorder.started(job_id, attempt, pid),
@@ -124,27 +133,21 @@ class JobRunner:
             return "lost"
         return self.outcome.judge(job_id, attempt, rc)
 
-    def _start(self, job_id: str, attempt: int, run_json: Path) -> Child:
+    def _start(self, job_id: str, run_json: Path, deadline: float) -> Child | None:
         """The run: forked from the fork server where it can (real training, one process), else a fresh
-        process."""
+        process. None after waiting an interval for a starting server (a fresh process would spend that
+        time importing too): supervise keeps the lease and asks again, until `deadline`."""
         log_path = self.storage.log_path(job_id)
+        env = training_env(threads_per_run(self.settings.worker_concurrency))
         if self.command is None and self.forks is not None and training_processes(run_json) == 1:
-            self._await_fork_server(self.forks, job_id, attempt)
-            forked = self.forks.fork(run_json, log_path, training_env())
+            self.forks.start()  # a no-op while one runs, or after one declined
+            if not self.forks.wait(self.settings.progress_interval_seconds) and time.monotonic() < deadline:
+                return None
+            forked = self.forks.fork(run_json, log_path, env)
             if forked is not None:
                 log.info("job %s: training forked from the fork server (pid %d)", job_id, forked.pid)
                 return forked
-        return spawn((self.command or training_command)(run_json), log_path)
-
-    def _await_fork_server(self, forks: ForkServer, job_id: str, attempt: int) -> None:
-        """Wait while the fork server imports (a fresh process would spend that time importing too),
-        keeping the job's lease as supervise does for a process that runs."""
-        forks.start()
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        interval = self.settings.progress_interval_seconds
-        while not forks.wait(interval) and time.monotonic() < deadline:
-            if not self.recorder.relay(job_id, attempt, []):
-                return  # lost meanwhile: supervise's first relay finds that too
+        return spawn((self.command or training_command)(run_json), log_path, env)
 
     def _stop_wanted(self, job_id: str) -> bool:
         """A pause or a cancel was asked for."""

@@ -7,6 +7,7 @@ core.run_protocol.EXIT_STOPPED (a pause, a cancel, this worker shutting down, or
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -50,27 +51,41 @@ class Child(Protocol):
     def send_signal(self, sig: int) -> None: ...
 
 
-def training_env() -> dict[str, str]:
+def threads_per_run(concurrency: int) -> int | None:
+    """The OpenMP threads each of a worker's `concurrency` runs at once may use: its share of this
+    machine's CPUs. Runs side by side with a thread per core each spin at their barriers (2026-11-27, 2
+    cores: two runs at once with torch's 2 threads each 88-102 s, with 1 thread each 14-26 s;
+    bench/run_start.py). None for a worker of one run at a time: torch's own choice."""
+    if concurrency <= 1:
+        return None
+    return max(1, len(os.sched_getaffinity(0)) // concurrency)
+
+
+def training_env(threads: int | None = None) -> dict[str, str]:
     """The training process's environment, however it starts: it stops itself when this process ends
-    (core.process.stop_with_worker, told our pid by child_env)."""
-    return child_env(PYTHONUNBUFFERED="1", TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(SHUTDOWN_TIMEOUT_S))
+    (core.process.stop_with_worker, told our pid by child_env). `threads`: its OpenMP threads
+    (threads_per_run), unless this worker's environment sets OMP_NUM_THREADS."""
+    env = child_env(PYTHONUNBUFFERED="1", TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(SHUTDOWN_TIMEOUT_S))
+    if threads and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
 
 
-def spawn(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-    """Start `command` as a child of this worker, its output appended to log_path. No preexec_fn (not
-    fork-safe in a threaded worker)."""
+def spawn(command: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start `command` as a child of this worker, its output appended to log_path, in `env` (default:
+    training_env()). No preexec_fn (not fork-safe in a threaded worker)."""
     with log_path.open("ab") as log:
         return subprocess.Popen(
             command,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a Ctrl-C on the terminal reaches us, not the trainer
-            env=training_env(),
+            env=env if env is not None else training_env(),
         )
 
 
 def supervise(
-    start: Callable[[], Child],
+    start: Callable[[], Child | None],
     *,
     metrics_path: Path,
     interval: float,
@@ -79,11 +94,17 @@ def supervise(
     stop_wanted: Callable[[], bool],
 ) -> int | None:
     """Start the run (`start`) and watch it to its end, handing each poll's new records to `relay` (False:
-    the job is no longer ours). Returns the exit code to judge, EXIT_STOPPED for a run that recorded a
-    stop, or None when the job was lost to another worker."""
+    the job is no longer ours). `start` returns None, having waited about an interval, while the run cannot
+    start yet (a fork server importing): the lease is kept meanwhile, and a stop asked for then reaches the
+    run at its first poll. Returns the exit code to judge, EXIT_STOPPED for a run that recorded a stop, or
+    None when the job was lost to another worker."""
     tail = RecordTail(metrics_path)
     tail.read_new()  # skip records of earlier attempts
     proc = start()
+    while proc is None:
+        if not relay([]):
+            return None
+        proc = start()
     started(proc.pid)
     stop_sent = False
     owned = True

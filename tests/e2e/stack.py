@@ -114,6 +114,17 @@ def wait_finished(base: str, job_ids: list[str], timeout: float) -> dict[str, li
     return seen
 
 
+def wait_status(base: str, job_id: str, status: str, timeout: float = 120) -> dict[str, Any]:
+    """Poll until the job has `status`; returns it then."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job: dict[str, Any] = api.get(f"{base}/jobs/{job_id}").json()
+        if job["status"] == status:
+            return job
+        time.sleep(0.2)
+    raise TimeoutError(f"job {job_id} is {api.get(f'{base}/jobs/{job_id}').json()['status']}, not {status}")
+
+
 def download_adapter(base: str, job_id: str, dest: Path) -> Path:
     r = api.get(f"{base}/jobs/{job_id}/adapter")
     assert r.status_code == 200, r.text

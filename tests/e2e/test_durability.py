@@ -21,7 +21,17 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import PG_ADMIN_URL, reachable
-from tests.e2e.stack import Proc, api, download_adapter, env_for, free_port, upload, wait_finished, wait_ready
+from tests.e2e.stack import (
+    Proc,
+    api,
+    download_adapter,
+    env_for,
+    free_port,
+    upload,
+    wait_finished,
+    wait_ready,
+    wait_status,
+)
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -314,16 +324,6 @@ def test_fsdp_job_runs_under_torchrun_and_cancels(cluster: Cluster, dataset_id: 
     assert "FSDP over 2 processes" in log and "stopped at step" in log
 
 
-def _wait_status(cluster: Cluster, job_id: str, status: str, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = cluster.job(job_id)
-        if job["status"] == status:
-            return job
-        time.sleep(0.2)
-    raise TimeoutError(f"job {job_id} is {cluster.job(job_id)['status']}, not {status}")
-
-
 def test_pause_checkpoints_and_resume_continues_to_the_same_adapter(
     cluster: Cluster, dataset_id: str
 ) -> None:
@@ -337,7 +337,7 @@ def test_pause_checkpoints_and_resume_continues_to_the_same_adapter(
     r = api.post(f"{cluster.base}/jobs/{job_id}/pause")
     assert r.status_code == 202 and r.json()["status"] == "pausing", r.text
     assert api.post(f"{cluster.base}/jobs/{job_id}/resume").json()["error"]["code"] == "job_not_paused"
-    paused = _wait_status(cluster, job_id, "paused")
+    paused = wait_status(cluster.base, job_id, "paused")
     assert paused["progress"]["step"] < steps and paused["attempt"] == 1
     assert not _alive(pid), "the training process should be gone (its memory released)"
     kinds = [e["kind"] for e in cluster.events(job_id)]

@@ -31,6 +31,7 @@ from tests.e2e.stack import (
     upload,
     wait_finished,
     wait_ready,
+    wait_status,
 )
 
 pytestmark = pytest.mark.slow
@@ -142,12 +143,16 @@ def test_make_up_trains_qlora_and_lora_then_stops_cleanly(up: Up, models_dir: Pa
         alpaca = upload(base, EXAMPLES / "alpaca_small.jsonl")
         chat = upload(base, EXAMPLES / "chat_small.jsonl")
         assert alpaca["format"] == "instruction" and chat["format"] == "chat"
-        # Long enough to outlast the CPU worker measuring the waiting job's token statistics (a process
-        # that imports transformers): its training starts at once, forked from the worker's fork server.
-        qlora = _submit(base, alpaca["id"], "qlora", max_steps=36)
+        # A job that trains until it is cancelled holds the one training worker while the LoRA job waits
+        # behind it and the CPU worker measures the LoRA job's token statistics.
+        ahead = _submit(base, alpaca["id"], "lora", max_steps=1_000_000)
+        wait_status(base, ahead["id"], "running")
         lora = _submit(base, chat["id"], "lora")
-        _stats_ready_while_waiting(base, waiting=lora["id"], training=qlora["id"])
-        seen = wait_finished(base, [qlora["id"], lora["id"]], timeout=900)
+        _stats_ready_while_waiting(base, waiting=lora["id"], training=ahead["id"])
+        assert api.post(f"{base}/jobs/{ahead['id']}/cancel").status_code == 202
+        qlora = _submit(base, alpaca["id"], "qlora")
+        seen = wait_finished(base, [ahead["id"], qlora["id"], lora["id"]], timeout=900)
+        assert seen[ahead["id"]][-1]["status"] == "cancelled"
         for job in (qlora, lora):
             _check_trained(base, job["id"], seen[job["id"]], models_dir, tmp_path)
     except BaseException:

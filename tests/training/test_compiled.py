@@ -35,6 +35,8 @@ def test_compiled_only_where_measured() -> None:
     assert compiled.why_not_compiled(spec(), CUDA, sharded=False) is None
     assert compiled.why_not_compiled(spec(), CPU, sharded=False) == "not CUDA"
     assert "qlora" in (compiled.why_not_compiled(spec(method="qlora"), CUDA, sharded=False) or "")
+    assert "dpo" in (compiled.why_not_compiled(spec(objective="dpo"), CUDA, sharded=False) or "")
+    assert "padded" in (compiled.why_not_compiled(spec(packing=False), CUDA, sharded=False) or "")
     checkpointing = spec(gradient_checkpointing=True)
     assert "checkpointing" in (compiled.why_not_compiled(checkpointing, CUDA, sharded=False) or "")
     assert "FSDP" in (compiled.why_not_compiled(spec(), CUDA, sharded=True) or "")

@@ -44,11 +44,11 @@ def wait(child: Child, timeout: float = 300) -> int:
     return rc
 
 
-def forked(forks: ForkServer, run_json: Path, log: Path) -> ForkedRun:
+def forked(forks: ForkServer, run_json: Path, log: Path, env: dict[str, str] | None = None) -> ForkedRun:
     """Fork as the worker does: start the server if none runs, wait for its imports, fork."""
     forks.start()
     assert forks.wait(timeout=300) and forks.ready(), "the fork server did not come up"
-    run = forks.fork(run_json, log, training_env())
+    run = forks.fork(run_json, log, env or training_env())
     assert run is not None, "the ready server did not fork"
     return run
 
@@ -81,7 +81,8 @@ def test_a_forked_run_trains_as_a_fresh_process_would(forks: ForkServer, make_co
 
 def test_the_worker_learns_how_a_forked_run_ended(forks: ForkServer, make_config, tmp_path: Path) -> None:
     """A failed run exits EXIT_FAILED with its error.json; a SIGTERM stops a run at a checkpoint
-    (EXIT_STOPPED); a SIGKILL reads as -9, as subprocess reports it."""
+    (EXIT_STOPPED); a SIGKILL reads as -9, as subprocess reports it. A run takes its OpenMP threads from
+    the environment it is given (the worker's share for it), not the server's."""
     failing = make_config(name="failing", max_steps=2)
     Path(failing.dataset_path).unlink()
     assert wait(forked(forks, write_run(failing, tmp_path), tmp_path / "failing.log")) == EXIT_FAILED
@@ -92,13 +93,16 @@ def test_the_worker_learns_how_a_forked_run_ended(forks: ForkServer, make_config
         ("killed", signal.SIGKILL, -signal.SIGKILL),
     ):
         config = make_config(name=name, max_steps=10_000)
-        run = forked(forks, write_run(config, tmp_path), tmp_path / f"{name}.log")
+        threads = "2" if os.environ.get("OMP_NUM_THREADS") != "2" else "3"  # not what the server has
+        env = training_env() | {"OMP_NUM_THREADS": threads}
+        run = forked(forks, write_run(config, tmp_path), tmp_path / f"{name}.log", env)
         deadline = time.monotonic() + 120
         while not (Path(config.output_dir) / METRICS_FILE).exists() or not steps_of(Path(config.output_dir)):
             assert time.monotonic() < deadline and run.poll() is None, "no step reported"
             time.sleep(0.05)
         run.send_signal(sig)
         assert wait(run) == expected
+        assert f"(CPU threads: {threads})" in (tmp_path / f"{name}.log").read_text()
         if sig == signal.SIGTERM:
             assert any((Path(config.output_dir) / CHECKPOINTS_DIR).iterdir())
 

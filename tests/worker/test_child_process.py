@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from worker import supervision
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,3 +128,15 @@ def test_spawn_names_the_worker_in_the_childs_environment(tmp_path: Path) -> Non
     )
     assert proc.wait(30) == 0
     assert (tmp_path / "log").read_text().strip() == str(os.getpid())
+
+
+def test_each_of_a_workers_runs_gets_its_share_of_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    assert supervision.threads_per_run(1) is None  # one run at a time: torch's own choice
+    assert supervision.threads_per_run(2) == max(1, cpus // 2)
+    assert supervision.threads_per_run(4 * cpus) == 1
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert "OMP_NUM_THREADS" not in supervision.training_env(None)
+    assert supervision.training_env(3)["OMP_NUM_THREADS"] == "3"
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")  # the worker's own setting wins
+    assert supervision.training_env(3)["OMP_NUM_THREADS"] == "5"
