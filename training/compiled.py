@@ -69,20 +69,21 @@ def compile_for_training(layer: torch.nn.Module, backend: str | Callable[..., An
     own code, with the error logged; the step goes on eagerly."""
     eager: Callable[..., Any] = layer.forward
     compiled = torch.compile(eager, dynamic=True, backend=backend)
-    mode = ["first"]  # "first" -> "compiled" once a compiled call returned, or "eager" if it failed
+    mode = "first"  # -> "compiled" once a compiled call returned, or "eager" if it failed
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        if mode[0] == "eager" or not torch.is_grad_enabled():
+        nonlocal mode
+        if mode == "eager" or not torch.is_grad_enabled():
             return eager(*args, **kwargs)
-        if mode[0] == "compiled":
+        if mode == "compiled":
             return compiled(*args, **kwargs)
         try:
             out = compiled(*args, **kwargs)
         except Exception:  # torch.compile's errors have no common base
             log.exception("torch.compile failed on %s: it runs eagerly", type(layer).__name__)
-            mode[0] = "eager"
+            mode = "eager"
             return eager(*args, **kwargs)
-        mode[0] = "compiled"
+        mode = "compiled"
         return out
 
     layer.forward = forward

@@ -119,9 +119,12 @@ class JobRunner:
             set_current_job(self.sessions, self.me, None)
 
     def _attempt(self, job_id: str, attempt: int, run_json: Path) -> str:
+        # What _start needs, read once: supervise may ask it again while a fork server starts.
+        forkable = self.command is None and self.forks is not None and training_processes(run_json) == 1
+        env = training_env(threads_per_run(self.settings.worker_concurrency))
         deadline = time.monotonic() + READY_TIMEOUT_S  # for a starting fork server
         rc = supervise(
-            lambda: self._start(job_id, run_json, deadline),
+            lambda: self._start(job_id, run_json, env, forkable, deadline),
             metrics_path=self.storage.metrics_path(job_id),
             interval=self.settings.progress_interval_seconds,
             started=lambda pid: self.recorder.started(job_id, attempt, pid),
@@ -133,13 +136,15 @@ class JobRunner:
             return "lost"
         return self.outcome.judge(job_id, attempt, rc)
 
-    def _start(self, job_id: str, run_json: Path, deadline: float) -> Child | None:
-        """The run: forked from the fork server where it can (real training, one process), else a fresh
-        process. None after waiting an interval for a starting server (a fresh process would spend that
-        time importing too): supervise keeps the lease and asks again, until `deadline`."""
+    def _start(
+        self, job_id: str, run_json: Path, env: dict[str, str], forkable: bool, deadline: float
+    ) -> Child | None:
+        """The run in `env`: forked from the fork server where it can (`forkable`: real training, one
+        process), else a fresh process. None after waiting an interval for a starting server (a fresh
+        process would spend that time importing too): supervise keeps the lease and asks again, until
+        `deadline`."""
         log_path = self.storage.log_path(job_id)
-        env = training_env(threads_per_run(self.settings.worker_concurrency))
-        if self.command is None and self.forks is not None and training_processes(run_json) == 1:
+        if forkable and self.forks is not None:
             self.forks.start()  # a no-op while one runs, or after one declined
             if not self.forks.wait(self.settings.progress_interval_seconds) and time.monotonic() < deadline:
                 return None

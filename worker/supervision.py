@@ -53,9 +53,9 @@ class Child(Protocol):
 
 def threads_per_run(concurrency: int) -> int | None:
     """The OpenMP threads each of a worker's `concurrency` runs at once may use: its share of this
-    machine's CPUs. Runs side by side with a thread per core each spin at their barriers (2026-11-27, 2
-    cores: two runs at once with torch's 2 threads each 88-102 s, with 1 thread each 14-26 s;
-    bench/run_start.py). None for a worker of one run at a time: torch's own choice."""
+    machine's CPUs. Runs side by side with a thread per core each spin at their barriers
+    (bench/run_start.py, 2026-11-28, 2 cores, 60 demo steps: two runs at once with 2 threads each took
+    234-418 s, with 1 thread each 29-40 s). None for a worker of one run at a time: torch's own choice."""
     if concurrency <= 1:
         return None
     return max(1, len(os.sched_getaffinity(0)) // concurrency)
