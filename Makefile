@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install up test test-floor lint bench clean
+.PHONY: install up test test-floor lint bench clean compose-env
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ install: $(STAMP)
 
 up: install
 	$(VENV)/bin/ftune up
+
+# docker-compose's secrets, once, before the first `docker compose up`: .env (mode 600) with random
+# POSTGRES_PASSWORD, REDIS_PASSWORD and FTUNE_INFERENCE_API_KEY; values already there are kept.
+compose-env:
+	$(PYTHON) -m cli.compose_env
 
 # One OpenMP thread a process: the suite runs several training processes at once (its workers, or a worker
 # and the service it drives), and torch's default 2-thread pools on 2 cores spin at their barriers

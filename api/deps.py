@@ -53,7 +53,7 @@ class Services:
 
     def __post_init__(self) -> None:
         self.placer = Placer(self.catalog)
-        self.pulls = HubPulls(self.settings.models_dir)
+        self.pulls = HubPulls(self.settings.models_dir, max_file_bytes=self.settings.hub_max_file_bytes)
         self.measurements = measurement_gate(self.settings, self.fleet)
         self.uploads = TenantGate(
             what="uploads",

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from api import errors, openai
-from api.bodylimit import MAX_JSON_BODY_BYTES, BodySizeLimit
+from api.bodylimit import LARGE_BODY_BYTES, MAX_JSON_BODY_BYTES, BodySizeLimit, LargeBodyGate
 from api.deps import Services
 from api.metrics import LatencyMiddleware, new_registry
 from api.routes import (
@@ -110,5 +110,6 @@ def create_app(
     for module in routers:
         app.include_router(module.router)
     uploads = {("POST", "/datasets"), ("POST", "/v1/files")}  # streamed to disk under their own limits
+    app.add_middleware(LargeBodyGate, exempt=uploads, threshold=LARGE_BODY_BYTES, per_credential=1, total=4)
     app.add_middleware(BodySizeLimit, max_bytes=MAX_JSON_BODY_BYTES, exempt=uploads)
     return app

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from core.errors import Conflict, FtuneError, NotFound
-from core.hub import PulledModel, PullProgress, pull
+from core.hub import DEFAULT_MAX_FILE_BYTES, PulledModel, PullProgress, pull
 
 log = logging.getLogger(__name__)
 KEEP_FINISHED = 50  # finished pulls listed; older ones are forgotten
@@ -43,8 +43,11 @@ class Pull:
 class HubPulls:
     """The pulls of this API process, newest first; at most one running per repo (409 for a second)."""
 
-    def __init__(self, models_dir: Path, pull_fn: PullFn = pull) -> None:
+    def __init__(
+        self, models_dir: Path, pull_fn: PullFn = pull, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    ) -> None:
         self.models_dir = models_dir
+        self.max_file_bytes = max_file_bytes  # FTUNE_HUB_MAX_FILE_BYTES
         self._pull = pull_fn
         self._lock = threading.Lock()
         self._pulls: dict[str, Pull] = {}  # insertion order: oldest first
@@ -75,7 +78,14 @@ class HubPulls:
 
         error: FtuneError | None = None
         try:
-            p.result = self._pull(p.repo, self.models_dir, revision=p.revision, say=say, progress=p.progress)
+            p.result = self._pull(
+                p.repo,
+                self.models_dir,
+                revision=p.revision,
+                say=say,
+                progress=p.progress,
+                max_file_bytes=self.max_file_bytes,
+            )
         except FtuneError as e:
             log.warning("pull %s failed (%s): %s", p.repo, e.code, e.message)
             error = e

@@ -67,6 +67,7 @@ def start_engine(
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     cmd = [sys.executable, "-m", "inference.server", "--port", str(port), "--max-waiting", "256"]
+    cmd += ["--insecure-no-key"]  # on 127.0.0.1, for this run alone
     cmd += ["--timeout-seconds", "600", "--generation-seconds", "600", *extra]
     log = (tmp / f"engine-{port}.log").open("w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)

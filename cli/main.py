@@ -116,12 +116,14 @@ def cmd_models_pull(args: argparse.Namespace) -> int:
     for name in ("httpx", "httpx2"):  # one INFO line per request would bury the progress lines
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
+        settings = get_settings()
         pull(
             args.repo_id,
-            get_settings().models_dir,
+            settings.models_dir,
             revision=args.revision,
             force=args.force,
             say=lambda line: print(line, flush=True),
+            max_file_bytes=settings.hub_max_file_bytes,
         )
     except FtuneError as e:
         print(f"error ({e.code}): {e.message}", file=sys.stderr)

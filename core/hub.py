@@ -12,6 +12,10 @@ HTTP Range request; huggingface_hub's http_get, which also retries a dropped con
 the model is moved to `models_dir/<org>/<name>/` in one atomic swap only when all of it is in. The commit
 the revision resolved to is recorded beside it (catalog.PULL_RECORD).
 
+A mirror is not trusted with paths or disk: the commit it answers must be a 40-hex sha before it names a
+directory, and no file may be larger than `max_file_bytes` (FTUNE_HUB_MAX_FILE_BYTES): one listed larger is
+refused before it is fetched, and a body that streams past it is cut off and deleted.
+
 HF_ENDPOINT (a mirror), HF_TOKEN (private or gated repos) and HF_HUB_OFFLINE are read when a pull starts.
 huggingface_hub is imported here lazily, so that core stays fast to import.
 """
@@ -21,23 +25,35 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from core.arch import from_config
 from core.arch.families import BUILDERS
 from core.catalog import PULL_RECORD, read_pull_record
-from core.errors import Conflict, Forbidden, FtuneError, InvalidInput, NotFound, Unavailable, Unsupported
+from core.errors import (
+    Conflict,
+    Forbidden,
+    FtuneError,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    Unavailable,
+    Unsupported,
+)
 from core.spec import MODEL_NAME_RE
 from core.storage import atomic_dir, atomic_write_text
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 STAGING_DIR = ".pulls"  # under models_dir; a leading dot is never a model name (MODEL_NAME_RE)
+COMMIT_SHA_RE = re.compile(r"[0-9a-f]{40}")  # a git commit, as the Hub answers it (fullmatch only)
+DEFAULT_MAX_FILE_BYTES = 20 * 2**30  # core.settings.Settings.hub_max_file_bytes
 
 # Every file a base model needs and nothing that can run code: weights in safetensors only, tokenizers as
 # JSON/text or sentencepiece (protobuf). Top level only: subfolders hold other formats (original/, onnx/).
@@ -97,6 +113,12 @@ class PulledModel:
     already_present: bool = False
 
 
+@dataclass(frozen=True)
+class _Limits:
+    endpoint: str
+    max_file_bytes: int
+
+
 def hub_endpoint() -> str:
     """HF_ENDPOINT as it is now (huggingface_hub reads it once, at import)."""
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
@@ -110,11 +132,13 @@ def pull(
     force: bool = False,
     say: Progress | None = None,
     progress: PullProgress | None = None,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> PulledModel:
     """Download `repo_id` at `revision` (default: main) into models_dir/<repo_id> and return it.
 
     Raises FtuneError subclasses only, each with a message for people: unsupported architectures, custom
-    code, no safetensors, an unreachable Hub (with the settings to change), a repo or revision not found.
+    code, no safetensors, an unreachable Hub (with the settings to change), a repo or revision not found,
+    a commit that is not a sha, a file over `max_file_bytes`.
     `say` gets a line per step and per file; huggingface_hub draws its byte progress bars on a terminal;
     `progress`, when given, is kept up to date (stage, file, bytes) for a caller that polls it."""
     say = say or (lambda _msg: None)
@@ -133,7 +157,8 @@ def pull(
     staging_root.mkdir(parents=True, exist_ok=True)
     with _lock(staging_root / (repo_id.replace("/", "--") + ".lock"), repo_id):
         try:
-            return _pull(repo_id, models_dir, target, revision, force, endpoint, say, progress)
+            limits = _Limits(endpoint, max_file_bytes)
+            return _pull(repo_id, models_dir, target, revision, force, limits, say, progress)
         except FtuneError:
             raise
         except Exception as exc:
@@ -146,42 +171,34 @@ def _pull(
     target: Path,
     revision: str | None,
     force: bool,
-    endpoint: str,
+    limits: _Limits,
     say: Progress,
     progress: PullProgress,
 ) -> PulledModel:
     from huggingface_hub import HfApi
 
+    endpoint = limits.endpoint
     say(f"resolving {repo_id}@{revision or 'main'} on {endpoint}")
     info = HfApi(endpoint=endpoint).model_info(repo_id, revision=revision, files_metadata=True, timeout=30)
-    sha = str(info.sha or "")
-    if not sha:
-        raise Unavailable(f"{endpoint} did not say which commit {repo_id}@{revision} is", code="hub_error")
+    sha = _commit_sha(info.sha, repo_id, revision, endpoint)
     listed = {s.rfilename: s.size for s in info.siblings or []}
     progress.commit_sha = sha
     say(f"revision {revision or 'main'} is commit {sha}")
     _refuse_without_safetensors(repo_id, listed)
 
-    record = read_pull_record(target)
-    if (target / CONFIG).is_file():
-        if record and record.get("commit_sha") == sha:
-            say(f"{repo_id} at {sha} is already in {target}")
-            kept = {f: listed.get(f) for f in record.get("files", {})}
-            progress.stage = "done"
-            return PulledModel(repo_id, target, sha, kept, already_present=True)
-        if not force:
-            held = f"commit {record.get('commit_sha')}" if record else "a model not pulled by ftune"
-            raise Conflict(
-                f"{target} already holds {held}; pass --force to replace it with {sha}",
-                code="model_exists",
-            )
+    if present := _present(repo_id, target, sha, force, listed):
+        say(f"{repo_id} at {sha} is already in {target}")
+        progress.stage = "done"
+        return present
 
     staging = models_dir / STAGING_DIR / repo_id.replace("/", "--") / sha
     progress.stage, progress.staging = "checking", staging
 
     def fetch(filename: str) -> Path:
-        return _download(repo_id, filename, sha, endpoint, staging / filename, listed.get(filename))
+        return _download(repo_id, filename, sha, limits, staging / filename, listed.get(filename))
 
+    texts = [f for f in sorted(listed) if f in TOKENIZER_FILES or f in OTHER_FILES]
+    _refuse_oversized(repo_id, [CONFIG, WEIGHTS_INDEX, *texts], listed, limits.max_file_bytes)
     # The architecture first, from config.json alone: nothing else is fetched for a model ftune cannot train.
     config = _read_json(fetch(CONFIG))
     _check_config(repo_id, config)
@@ -190,7 +207,7 @@ def _pull(
     shards = [WEIGHTS]
     if WEIGHTS_INDEX in listed:
         shards = _shards(repo_id, _read_json(fetch(WEIGHTS_INDEX)), listed)
-    texts = [f for f in sorted(listed) if f in TOKENIZER_FILES or f in OTHER_FILES]
+    _refuse_oversized(repo_id, shards, listed, limits.max_file_bytes)
     total = sum(listed.get(f) or 0 for f in texts + shards)
     say(f"downloading {len(texts + shards)} files, {_size(total)} (safetensors weights only) to {staging}")
     progress.files_total, progress.bytes_total, progress.stage = len(texts + shards), total, "downloading"
@@ -210,30 +227,103 @@ def _pull(
 
     files = [CONFIG, *([WEIGHTS_INDEX] if WEIGHTS_INDEX in listed else []), *texts, *shards]
     progress.stage = "registering"
-    with atomic_dir(target) as tmp:
-        for filename in files:
-            os.replace(staging / filename, tmp / filename)
-        pulled = {
-            "repo_id": repo_id,
-            "revision": revision or "main",
-            "commit_sha": sha,
-            "endpoint": endpoint,
-            "files": {f: listed.get(f) for f in files},
-            "pulled_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        }
-        atomic_write_text(tmp / PULL_RECORD, json.dumps(pulled, indent=2) + "\n")
-    shutil.rmtree(staging, ignore_errors=True)
-    with suppress(OSError):
-        staging.parent.rmdir()  # when no other revision of the repo is half-pulled there
+    pulled = {
+        "repo_id": repo_id,
+        "revision": revision or "main",
+        "commit_sha": sha,
+        "endpoint": endpoint,
+        "files": {f: listed.get(f) for f in files},
+        "pulled_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    _register(staging, target, files, pulled)
     progress.stage = "done"
     say(f"registered {repo_id} at {target} (commit {sha})")
     return PulledModel(repo_id, target, sha, {f: listed.get(f) for f in files})
 
 
-def _download(repo_id: str, filename: str, sha: str, endpoint: str, dest: Path, size: int | None) -> Path:
+def _present(
+    repo_id: str, target: Path, sha: str, force: bool, listed: dict[str, int | None]
+) -> PulledModel | None:
+    """The model at `target` when it is this commit already (None: pull it). Another model there is
+    replaced only when forced (Conflict otherwise)."""
+    if not (target / CONFIG).is_file():
+        return None
+    record = read_pull_record(target)
+    if record and record.get("commit_sha") == sha:
+        kept = {f: listed.get(f) for f in record.get("files", {})}
+        return PulledModel(repo_id, target, sha, kept, already_present=True)
+    if not force:
+        held = f"commit {record.get('commit_sha')}" if record else "a model not pulled by ftune"
+        raise Conflict(
+            f"{target} already holds {held}; pass --force to replace it with {sha}", code="model_exists"
+        )
+    return None
+
+
+def _register(staging: Path, target: Path, files: list[str], record: dict[str, Any]) -> None:
+    """The staged files become the model at `target` in one atomic swap, with the pull's record."""
+    with atomic_dir(target) as tmp:
+        for filename in files:
+            os.replace(staging / filename, tmp / filename)
+        atomic_write_text(tmp / PULL_RECORD, json.dumps(record, indent=2) + "\n")
+    shutil.rmtree(staging, ignore_errors=True)
+    with suppress(OSError):
+        staging.parent.rmdir()  # when no other revision of the repo is half-pulled there
+
+
+def _commit_sha(sha: object, repo_id: str, revision: str | None, endpoint: str) -> str:
+    """The commit the Hub answered, only when it is one: it names a directory (and the URLs)."""
+    if not sha:
+        raise Unavailable(f"{endpoint} did not say which commit {repo_id}@{revision} is", code="hub_error")
+    if not (isinstance(sha, str) and COMMIT_SHA_RE.fullmatch(sha)):
+        raise Unavailable(
+            f"{endpoint} answered {str(sha)[:80]!r} as the commit of {repo_id}@{revision or 'main'}, "
+            "which is not a commit sha (40 hex digits); nothing was downloaded. Check HF_ENDPOINT: a mirror "
+            "should answer what the Hub does.",
+            code="hub_bad_commit",
+        )
+    return sha
+
+
+def _refuse_oversized(repo_id: str, files: list[str], listed: dict[str, int | None], cap: int) -> None:
+    for filename in files:
+        if (size := listed.get(filename)) is not None and size > cap:
+            raise _too_large(f"{repo_id}: {filename} is listed at {size} bytes, over the cap", cap)
+
+
+def _too_large(what: str, cap: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"{what} of {cap} bytes (FTUNE_HUB_MAX_FILE_BYTES); nothing more was downloaded. Raise the setting "
+        "if the model really has files this large.",
+        code="hub_file_too_large",
+    )
+
+
+class _Capped:
+    """The `.part` file as http_get writes it, refusing to grow past `cap` bytes."""
+
+    def __init__(self, f: BinaryIO, cap: int, what: str) -> None:
+        self.f, self.cap, self.what = f, cap, what
+
+    def write(self, chunk: bytes) -> int:
+        if self.f.tell() + len(chunk) > self.cap:
+            raise _too_large(f"{self.what} sent more than the cap", self.cap)
+        return self.f.write(chunk)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self.f.seek(offset, whence)
+
+    def truncate(self, size: int | None = None) -> int:
+        return self.f.truncate(size)
+
+
+def _download(repo_id: str, filename: str, sha: str, limits: _Limits, dest: Path, size: int | None) -> Path:
     """The file at this commit into `dest`, through `<dest>.part`: continued from its last byte when a
     pull before this one was cut off (HF_TOKEN sent to the Hub only: httpx drops it on a cross-host
-    redirect to the CDN)."""
+    redirect to the CDN). A body past the size cap is cut off and its `.part` deleted."""
     from huggingface_hub import hf_hub_url
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
@@ -242,13 +332,18 @@ def _download(repo_id: str, filename: str, sha: str, endpoint: str, dest: Path, 
         return dest
     part = _part(dest)
     part.parent.mkdir(parents=True, exist_ok=True)
-    url = hf_hub_url(repo_id, filename, revision=sha, endpoint=endpoint)
+    url = hf_hub_url(repo_id, filename, revision=sha, endpoint=limits.endpoint)
     with part.open("ab") as f:
         done = f.tell()
         if size is not None and done > size:  # not this file's bytes: start again
             f.truncate(0)
             done = 0
-        http_get(url, f, resume_size=done, headers=build_hf_headers(), expected_size=size)
+        capped: Any = _Capped(f, limits.max_file_bytes, f"{limits.endpoint} ({repo_id}: {filename})")
+        try:
+            http_get(url, capped, resume_size=done, headers=build_hf_headers(), expected_size=size)
+        except PayloadTooLarge:
+            part.unlink()
+            raise
     os.replace(part, dest)
     return dest
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from core.graders.judge import JudgeConfig
 from core.spec import JobSpec
 
 if TYPE_CHECKING:  # the training process never loads the service's settings
@@ -46,17 +47,17 @@ EXIT_STOPPED = 3  # stopped by SIGTERM after the current step and a checkpoint; 
 
 class GradingConfig(BaseModel):
     """How a grpo run grades (core.graders), from the worker's settings: python graders in the sandbox
-    (None: off), the judge endpoint of score_model and label_model graders, and the threads grading."""
+    (None: off), the judge of score_model and label_model graders with the operator's bounds (None: none),
+    the job's tenant, for whom the judge answers (written by the worker, worker.run_config), and the
+    threads grading."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     python_cpu_seconds: int | None = None  # None: python graders are off
     python_memory_mb: int = 512
     python_timeout_seconds: float = 30
-    model_base_url: str = ""
-    model_api_key: str = ""
-    model_timeout_seconds: float = 60
-    model_structured_outputs: bool = True
+    judge: JudgeConfig | None = None
+    tenant_id: str = ""
     concurrency: int = 8
 
     @classmethod
@@ -65,10 +66,7 @@ class GradingConfig(BaseModel):
             python_cpu_seconds=settings.python_grader_cpu_seconds if settings.python_grader_enabled else None,
             python_memory_mb=settings.python_grader_memory_mb,
             python_timeout_seconds=settings.python_grader_timeout_seconds,
-            model_base_url=settings.grader_model_base_url,
-            model_api_key=settings.grader_model_api_key,
-            model_timeout_seconds=settings.grader_model_timeout_seconds,
-            model_structured_outputs=settings.grader_model_structured_outputs,
+            judge=JudgeConfig.from_settings(settings),
             concurrency=settings.grader_concurrency,
         )
 

@@ -26,6 +26,9 @@ class Settings(BaseSettings):
     # Hub (HF_ENDPOINT, HF_TOKEN) into models_dir. Off: 403 hub_pull_disabled (`ftune models pull`, run by an
     # operator on the machine, is not affected). HF_HUB_OFFLINE=1 stops any attempt either way.
     hub_pull_enabled: bool = True
+    # Any one file a pull fetches (either way): one the Hub lists larger is refused before it is fetched, a
+    # body that streams past it is cut off (core.hub; a mirror is not trusted with the disk).
+    hub_max_file_bytes: int = Field(default=20 * 2**30, ge=1)
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000
@@ -143,6 +146,17 @@ class Settings(BaseSettings):
     # only (ftune's own /v1 takes response_format text alone): the graders then read a bare number or label.
     grader_model_structured_outputs: bool = True
     grader_concurrency: int = Field(default=8, ge=1, le=256)
+    # The operator's bounds on the judge (core.graders.judge). The models a grader may name, as a JSON list
+    # (a name ending in * stands for every name that starts with the rest: "ft:*", with ftune's own /v1 as
+    # the judge, is each tenant's own fine-tuned models); empty: every model grader is refused (400
+    # grader_model_not_allowed). The max_completion_tokens of a judge call (a grader asking more is refused;
+    # one asking none gets this), a tenant's judge calls at once per process (a training run, an API
+    # process; more wait), and the judge tokens a run may spend (a training attempt, a graders/run; 0: no
+    # bound; past it a sample scores 0 with model_grader_server_error).
+    grader_model_allowed_models: list[str] = Field(default_factory=list)
+    grader_model_max_completion_tokens: int = Field(default=4096, ge=1)
+    grader_model_max_concurrent_per_tenant: int = Field(default=2, ge=1)
+    grader_model_max_tokens_per_run: int = Field(default=0, ge=0)
     # POST /v1/fine_tuning/alpha/graders/run: samples graded at once per tenant, and in all per API process
     # (each can hold a threadpool thread, a sandboxed child or a judge request; 429 past either).
     grader_run_max_concurrent_per_tenant: int = Field(default=2, ge=1)

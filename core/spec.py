@@ -302,11 +302,12 @@ class JobSpec(BaseModel):
     def _sample_prompts(cls, v: Any) -> Any:
         return SampleArgs.check_prompts(v)
 
-    @field_validator("grader")
+    @field_validator("grader", mode="before")
     @classmethod
-    def _grader(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _grader(cls, v: Any) -> dict[str, Any] | None:
         """The whole grader tree checked now (a bad one is a 4xx naming its field, not a failed job);
-        whether python graders may run is the service's policy, checked at admission."""
+        whether python graders may run is the service's policy, checked at admission. Before pydantic's
+        own validation, which would copy a 1 MiB grader whole before parse_grader bounds its size."""
         if v is None:
             return v
         from core.graders import parse_grader

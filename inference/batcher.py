@@ -1,19 +1,20 @@
 """Continuous batching: the generation thread decodes every running row together, one token per step.
 
-A request's `n` choices are rows. The scheduler (inference.scheduler) offers each waiting request to
-`admit`, then calls `step`, again and again:
+A request's `n` choices are rows of the decoding engine (training.decoding.engine.Decoder). The scheduler
+(inference.scheduler) offers each waiting request to `admit`, then calls `step`, again and again:
   - admit: render the prompt (a 400 here, before a stream starts), pin its adapter and reserve room for as
     many of its rows as the KV budget allows; the rest of its rows join in later steps, before any newer
     request (first come, first served)
   - step: prefill the prompts admitted since the last step together (one forward, left-padded, each row
     with its own adapter: requests that arrive together cost one forward, not one each), then one forward
-    over all rows, each with its own adapter (peft's mixed-batch `adapter_names`; one adapter, or none, is
-    the plain forward of a lone request), each row's next token chosen with its own sampling
-    (inference.sampler) and streamed as soon as it is text; rows that end (stop string, end token,
-    max_tokens, the request's deadline, a client gone) leave at once and the others go on
-The KV budget bounds the padded cache (inference.kv): rows x the longest any of them may grow (prompt +
-max_tokens) stays within `max_batch_tokens`, so decoding never runs out of room midway; a row over the
-budget alone runs alone. Requests for another base wait until the batch has drained (one base at a time).
+    over all rows, each with its own adapter (training.decoding.lora_rows; one adapter, or none, is the
+    plain forward of a lone request), each row's next token chosen with its own sampling and generator
+    (training.decoding.sampling) and streamed as soon as it is text; rows that end (stop string, end
+    token, max_tokens, the request's deadline, a client gone) leave at once and the others go on
+The KV budget bounds the padded cache (training.decoding.kv): rows x the longest any of them may grow
+(prompt + max_tokens) stays within `max_batch_tokens`, so decoding never runs out of room midway; a row over
+the budget alone runs alone. Requests for another base wait until the batch has drained (one base at a
+time).
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ import torch
 from core.data.examples import Message
 from inference.engine import Engine, LoadedBase, Target
 from inference.errors import Busy, EngineError
-from inference.generation import Completion, Sampling, TextStream, device_of, eos_ids
-from inference.kv import BatchCache, batchable
-from inference.lora_rows import AdapterRows
-from inference.sampler import next_tokens, row_generator
 from inference.scheduler import DONE, Outbox, Ticket
+from training.decoding.engine import Completion, Decoder, Row, eos_ids
+from training.decoding.kv import batchable
+from training.decoding.sampling import Sampling, row_generator
+from training.decoding.text import TextStream
 
 log = logging.getLogger("ftune.inference")
 
@@ -74,14 +75,12 @@ class _Job:
         return self.ticket.cancelled.is_set() or time.monotonic() >= self.deadline
 
 
-@dataclass
-class _Row:
+@dataclass(kw_only=True, eq=False)
+class _Row(Row):
+    """A choice of a request, as the engine decodes it."""
+
     job: _Job
     choice: int
-    text: TextStream
-    generator: torch.Generator | None
-    tokens: list[int] = field(default_factory=list)
-    last: int = 0  # the newest token, not yet in the cache
 
 
 class Batcher:
@@ -95,14 +94,11 @@ class Batcher:
         if self.max_batch_tokens < 1 or self.max_running < 1:
             raise ValueError("max_batch_tokens and max_running must be at least 1")
         self._jobs: list[_Job] = []
-        self._rows: list[_Row] = []
         self._prefill: list[tuple[_Job, list[int]]] = []  # choices admitted, prefilled at the next step
-        self._cache = BatchCache()
-        self._loaded: LoadedBase | None = None  # the base the jobs run on
+        self._decoder: Decoder | None = None  # the running rows, on the base the jobs run on
+        self._loaded: LoadedBase | None = None  # that base
         self._alone = False  # the base's cache cannot be batched: one row at a time
-        self._adapters = AdapterRows()
         self._out = Outbox()  # events of an admission or a step, handed over at its end
-        self.steps = 0  # decoding steps run (for tests)
 
     @property
     def busy(self) -> bool:
@@ -112,6 +108,15 @@ class Batcher:
     def running(self) -> int:
         """Rows decoding or about to (their prefill waits for the next step)."""
         return len(self._rows) + sum(len(choices) for _, choices in self._prefill)
+
+    @property
+    def steps(self) -> int:
+        """Decoding steps run on the current base (for tests)."""
+        return self._decoder.steps if self._decoder else 0
+
+    @property
+    def _rows(self) -> list[_Row]:
+        return self._decoder.rows if self._decoder else []  # type: ignore[return-value]  # all _Row
 
     # -- admission ----------------------------------------------------------------------------------
     def admit(self, ticket: Ticket) -> bool:
@@ -142,6 +147,7 @@ class Batcher:
         job = _Job(ticket, request, prompt, sampling, slot, deadline, eos, list(range(request.n)), request.n)
         if loaded is not self._loaded:
             self._loaded, self._alone = loaded, not batchable(loaded.model.config)  # type: ignore[attr-defined]
+            self._decoder = Decoder(loaded.model, per_row_adapters=True)
         self._jobs.append(job)
         self._out.put(ticket, ("ready", len(prompt)))
         self._start_rows(job)
@@ -166,36 +172,11 @@ class Batcher:
 
     def _prefill_admitted(self) -> None:
         """One forward over the prompts admitted since the last step (left-padded to the longest); each
-        choice's first token from its prompt's logits; the rows still going join the batch's cache."""
+        choice's first token from its prompt's logits; the rows still going join the batch."""
         admitted, self._prefill = self._prefill, []
-        if not admitted:
-            return
-        assert self._loaded is not None
-        from transformers.cache_utils import DynamicCache
-
-        prompts = [job.prompt for job, _ in admitted]
-        width = max(len(p) for p in prompts)
-        device = device_of(self._loaded.model)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], dtype=torch.long, device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-        cache = DynamicCache(config=self._loaded.model.config)  # type: ignore[attr-defined]
-        inputs = {"input_ids": ids, "attention_mask": mask, "cache": cache}
-        if len(admitted) > 1:  # each row counts its own tokens (a lone prompt has no padding)
-            inputs["position_ids"] = (mask.cumsum(1) - 1).clamp(min=0)
-        logits = self._forward([job.slot for job, _ in admitted], **inputs)
-        going: list[_Row] = []
-        sources: list[int] = []  # each going row's prompt in the prefill
-        for i, (job, choices) in enumerate(admitted):
-            rows = [self._row(job, c) for c in choices]
-            first = next_tokens(logits[i : i + 1].expand(len(rows), -1), [job.sampling] * len(rows),
-                                [r.generator for r in rows])  # fmt: skip
-            for row, token in zip(rows, first, strict=True):
-                if not self._add(row, token):
-                    going.append(row)
-                    sources.append(i)
-        if going:
-            self._cache.join(cache, mask, sources)
-            self._rows += going
+        if admitted:
+            rows = [[self._row(job, c) for c in choices] for job, choices in admitted]
+            self._decoding().prefill([job.prompt for job, _ in admitted], rows)
 
     def _row(self, job: _Job, choice: int) -> _Row:
         assert self._loaded is not None
@@ -204,9 +185,24 @@ class Batcher:
         def emit(text: str) -> None:
             self._out.put(ticket, ("delta", choice, text))
 
-        text = TextStream(self._loaded.tokenizer, job.sampling.stop, job.eos, emit)
-        generator = None if job.sampling.greedy else row_generator(job.request.seed, choice)
-        return _Row(job, choice, text, generator)
+        return _Row(
+            sampling=job.sampling,
+            stops=job.eos,
+            text=TextStream(self._loaded.tokenizer, job.sampling.stop, job.eos, emit),
+            generator=None if job.sampling.greedy else row_generator(job.request.seed, choice),
+            adapter=job.slot,
+            ended=lambda: job.ended,
+            on_finish=self._finished,
+            job=job,
+            choice=choice,
+        )
+
+    def _decoding(self) -> Decoder:
+        """The decoder, on the loaded model (peft wraps the base in a new object when its first adapter
+        is attached: the same weights, so the rows' cache holds)."""
+        assert self._decoder is not None and self._loaded is not None
+        self._decoder.model = self._loaded.model
+        return self._decoder
 
     # -- decoding -----------------------------------------------------------------------------------
     def step(self) -> None:
@@ -218,25 +214,12 @@ class Batcher:
 
     def _step(self) -> None:
         self._start_queued()
-        self._prefill_admitted()
-        self._leave([i for i, row in enumerate(self._rows) if row.job.ended and self._cut(row)])
-        if not self._rows:
+        if self._decoder is None:
             return
-        rows = self._rows
-        mask, positions = self._cache.step_inputs()
-        ids = torch.tensor([[r.last] for r in rows], dtype=torch.long, device=mask.device)
-        logits = self._forward(
-            [r.job.slot for r in rows],
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            cache=self._cache.cache,
-        )
-        self._cache.advanced(mask)
-        self.steps += 1
-        tokens = next_tokens(logits, [r.job.sampling for r in rows], [r.generator for r in rows])
-        ended = [i for i, (row, token) in enumerate(zip(rows, tokens, strict=True)) if self._add(row, token)]
-        self._leave(ended)
+        with torch.inference_mode():
+            self._prefill_admitted()
+            self._decoding().step()
+        self._jobs = [job for job in self._jobs if job.open]
 
     def _start_queued(self) -> None:
         for job in self._jobs:
@@ -250,24 +233,9 @@ class Batcher:
                     return  # the next job's choices wait behind these
         self._jobs = [job for job in self._jobs if job.open]
 
-    def _add(self, row: _Row, token: int) -> bool:
-        """Record a row's new token (streamed as text); True when the row has ended."""
-        row.tokens.append(token)
-        row.text.add(token)
-        job = row.job
-        if not (row.text.stopped or len(row.tokens) >= (job.sampling.max_tokens or 0) or job.ended):
-            row.last = token
-            return False
-        row.text.finish()
-        reason = "stop" if row.text.stopped else "length"
-        self._finish(job, row.choice, Completion(row.text.text, row.tokens, reason))
-        return True
-
-    def _cut(self, row: _Row) -> bool:
-        """A row whose request ended between steps (deadline, client gone): finished as it stands."""
-        row.text.finish()
-        self._finish(row.job, row.choice, Completion(row.text.text, row.tokens, "length"))
-        return True
+    def _finished(self, row: Row) -> None:
+        assert isinstance(row, _Row)
+        self._finish(row.job, row.choice, row.completion())
 
     def _finish(self, job: _Job, choice: int, done: Completion) -> None:
         self._out.put(job.ticket, ("finish", choice, done))
@@ -281,30 +249,13 @@ class Batcher:
                 log.warning("a request for %s was cut at its %g s generation deadline", name, seconds)
             self._out.put(job.ticket, DONE)
 
-    def _leave(self, ended: list[int]) -> None:
-        """These rows leave the batch (each already finished); the others keep their cache."""
-        if not ended:
-            return
-        gone = set(ended)
-        keep = [i for i in range(len(self._rows)) if i not in gone]
-        self._rows = [self._rows[i] for i in keep]
-        self._cache.keep(keep)
-        self._jobs = [job for job in self._jobs if job.open]
-
-    def _forward(self, slots: Sequence[str], **inputs) -> torch.Tensor:
-        """The model's last-position logits (float32) for rows using these adapter slots."""
-        assert self._loaded is not None
-        model = self._loaded.model
-        inputs |= {"use_cache": True, "logits_to_keep": 1}
-        with torch.inference_mode():
-            out = self._adapters.forward(model, slots, inputs)
-        return out.logits[:, -1].to(dtype=torch.float32)
-
     def abort(self, error: EngineError) -> None:
         """Fail every started request (a bug in a step) and start afresh."""
         for job in self._jobs:
             self.engine.unpin(job.request.target)
             self._out.put(job.ticket, ("error", error))
             self._out.put(job.ticket, DONE)
-        self._jobs, self._rows, self._prefill, self._cache = [], [], [], BatchCache()
+        self._jobs, self._prefill = [], []
+        if self._decoder is not None:
+            self._decoder = Decoder(self._decoder.model, per_row_adapters=True)
         self._out.flush()

@@ -3,7 +3,7 @@
   python -m inference.server --host 127.0.0.1 --port 8001 [--max-adapters 8] [--max-waiting 32]
                              [--timeout-seconds 120] [--generation-seconds 120] [--memory-bytes N]
                              [--adapter-root DIR] [--max-batch-tokens 2048] [--max-running 32]
-                             [--sequential]
+                             [--sequential] [--insecure-no-key]
 
 GET /health, GET /v1/models, POST /v1/chat/completions (OpenAI's shapes, SSE when stream), and vLLM's
 POST /v1/load_lora_adapter {"lora_name", "lora_path", "base_model"?} and /v1/unload_lora_adapter
@@ -11,7 +11,8 @@ POST /v1/load_lora_adapter {"lora_name", "lora_path", "base_model"?} and /v1/unl
 Base models come from the catalog (FTUNE_MODELS_DIR, FTUNE_HF_CACHE_DIR), as everywhere in ftune.
 
 With FTUNE_INFERENCE_API_KEY set (as vLLM's --api-key), every route but GET /health wants
-`Authorization: Bearer <key>` (401 otherwise). A request generates for at most --generation-seconds
+`Authorization: Bearer <key>` (401 otherwise). Without it the engine refuses to start, unless told
+--insecure-no-key, and then only on a loopback host. A request generates for at most --generation-seconds
 (FTUNE_INFERENCE_GENERATION_SECONDS) of wall clock, all its choices together; the text so far is the answer,
 finish_reason "length" (what OpenAI clients know as cut short). A client that goes away, streaming or
 not, stops its generation at the next token.
@@ -28,8 +29,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -215,10 +218,12 @@ def create_app(
             await asyncio.wait({answering, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-            if not answering.done():
-                answering.cancel()
+            dropped = not answering.done()
+            if dropped:
+                answering.cancel()  # takes effect when the task next runs: it is not done yet
                 scheduler.withdraw(ticket)
-        if answering.cancelled():
+        if dropped:
+            await asyncio.gather(answering, return_exceptions=True)  # its end, whatever it is, is moot
             log.info("a client of %s went away before its answer; generation stopped", body.model)
             return Response(status_code=499)  # nobody reads it
         try:
@@ -282,7 +287,7 @@ class Reply:
 
     async def stream(self, ticket: Ticket, scheduler: Scheduler) -> AsyncIterator[str]:
         with_usage = bool(self.body.stream_options and self.body.stream_options.include_usage)
-        tokens = 0
+        tokens, sent = 0, False
         try:
             for i in range(self.body.n):
                 yield self._chunk(with_usage, i, {"role": "assistant", "content": ""})
@@ -297,8 +302,11 @@ class Reply:
             if with_usage:
                 yield self._data({**self._head(), "choices": [], "usage": self.usage(tokens)})
             yield "data: [DONE]\n\n"
+            sent = True
         finally:
             scheduler.withdraw(ticket)  # a client that went away stops generation at the next token
+            if not sent:
+                log.info("a client of %s went away mid-stream; generation stopped", self.body.model)
 
     def _head(self) -> dict[str, Any]:
         return {
@@ -351,7 +359,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--sequential", action="store_true", help="one request at a time with generate (no batching)"
     )
+    p.add_argument(
+        "--insecure-no-key",
+        action="store_true",
+        help="serve without FTUNE_INFERENCE_API_KEY: anyone who reaches the port may use it (loopback only)",
+    )
     return p.parse_args(argv)
+
+
+def refusal(host: str, api_key: str, insecure_no_key: bool) -> str | None:
+    """Why the engine must not start with this host and key (None: it may). Without a key it serves
+    anyone who reaches it: only when told so, and only on a loopback host."""
+    if api_key:
+        return None
+    if not insecure_no_key:
+        return (
+            "FTUNE_INFERENCE_API_KEY is not set, so the engine would serve anyone who reaches it. Set it to "
+            "a long random string (the API and the workers send the same), or pass --insecure-no-key to "
+            "serve without one on a loopback host."
+        )
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        return (
+            f"--insecure-no-key serves only on a loopback host (127.0.0.1, ::1), not on {host}: "
+            "set FTUNE_INFERENCE_API_KEY to serve on other addresses."
+        )
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -361,6 +397,11 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parse_args(argv)
     settings = Settings()
+    if why := refusal(args.host, settings.inference_api_key, args.insecure_no_key):
+        print(f"error: {why}", file=sys.stderr)
+        raise SystemExit(2)
+    # ftune's lines (a dropped client, a cut generation) beside uvicorn's (`ftune inference` set them up)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = Engine(
         Catalog(settings.models_dir, settings.hf_cache_dir),
         max_adapters=args.max_adapters,

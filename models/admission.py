@@ -14,6 +14,7 @@ from core.arch import load_architecture
 from core.catalog import Catalog
 from core.data.examples import KIND_OBJECTIVE, kind_of
 from core.errors import Conflict, InvalidInput, NotFound, Unsupported
+from core.graders.judge import JudgeConfig
 from core.graders.policy import admitted
 from core.planner import BatchShape, Plan
 from core.planner.feasibility import plan_for_fleet, plan_on, require_fits, tokens_per_epoch
@@ -42,12 +43,13 @@ WRONG_KIND_CODE = {"dpo": "dataset_not_preference", "grpo": "dataset_not_prompts
 
 def check_grader_policy(spec: JobSpec, settings: Settings) -> None:
     """What this server grades with (core.graders.policy, core.settings.Settings): python graders only
-    where the operator enabled the sandbox, model graders only with a judge endpoint configured."""
+    where the operator enabled the sandbox, model graders only with a judge endpoint configured and
+    within the operator's bounds on it (its allowed models, its tokens per call)."""
     if spec.grader is not None:
         admitted(
             spec.grader,
             python_enabled=settings.python_grader_enabled,
-            judge_configured=bool(settings.grader_model_base_url),
+            judge=JudgeConfig.from_settings(settings),
         )
 
 

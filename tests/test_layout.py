@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import grimp
 import pytest
@@ -160,6 +163,88 @@ def test_the_image_holds_the_engine_and_not_the_local_environment() -> None:
     assert '"inference*"' in text  # the package the engine is, installed with the project
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".venv", "var", ".git"} <= set(ignored)
+
+
+def _interpolated(text: str, env: dict[str, str]) -> dict:
+    """The compose file as docker compose reads it with `env`: ${NAME}, ${NAME:?error}, ${NAME:-default}."""
+
+    def value(m: re.Match[str]) -> str:
+        name, how, rest = m["name"], m["how"] or "", m["rest"] or ""
+        if env.get(name):
+            return env[name]
+        assert how != ":?", f"compose would refuse to start: {name} {rest}"
+        return rest
+
+    return yaml.safe_load(re.sub(r"\$\{(?P<name>\w+)(?:(?P<how>:[?-])(?P<rest>[^}]*))?\}", value, text))
+
+
+def test_compose_secrets_are_made_by_compose_env_never_defaults(tmp_path: Path) -> None:
+    """No Docker engine here: the file is read. PostgreSQL and Redis (--requirepass) want passwords that
+    `make compose-env` makes (cli.compose_env) and compose requires: none has a default, and the services'
+    URLs carry them; a rerun keeps the values (PostgreSQL keeps the one its volume was made with)."""
+    from cli.compose_env import SECRETS, ensure_env
+
+    text = (REPO / "docker-compose.yml").read_text()
+    required = set(re.findall(r"\$\{(\w+):\?", text))
+    assert required == set(SECRETS)
+    assert not any(f"${{{name}:-" in text for name in SECRETS)  # no fallback value
+    assert "ftune:ftune@" not in text  # the old default password
+    services = yaml.safe_load(text)["services"]
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
+    redis_cmd = services["redis"]["command"]
+    assert redis_cmd[redis_cmd.index("--requirepass") + 1].startswith("${REDIS_PASSWORD:?")
+
+    env_file = tmp_path / ".env"
+    env_file.write_text("# mine\nFTUNE_INFERENCE_API_KEY=\nOTHER=1\n")
+    assert ensure_env(env_file) == list(SECRETS)  # the empty key too
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    made = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+    assert made["OTHER"] == "1" and "# mine" in env_file.read_text()
+    assert len({made[name] for name in SECRETS}) == 3 and all(len(made[name]) == 64 for name in SECRETS)
+    assert (
+        ensure_env(env_file) == []
+        and dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line) == made
+    )
+
+    with pytest.raises(AssertionError, match="compose would refuse to start"):
+        _interpolated(text, {})
+    services = _interpolated(text, made)["services"]
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == made["POSTGRES_PASSWORD"]
+    assert services["redis"]["environment"]["REDISCLI_AUTH"] == made["REDIS_PASSWORD"]  # its health check
+    for name in ("migrate", "api", "worker", "cpu-worker", "inference"):
+        env = services[name]["environment"]
+        database, broker = urlsplit(env["FTUNE_DATABASE_URL"]), urlsplit(env["FTUNE_REDIS_URL"])
+        assert (database.username, database.password) == ("ftune", made["POSTGRES_PASSWORD"]), name
+        assert (broker.hostname, broker.password) == ("redis", made["REDIS_PASSWORD"]), name
+        assert env["FTUNE_INFERENCE_API_KEY"] == made["FTUNE_INFERENCE_API_KEY"], name
+    for ignore in (".gitignore", ".dockerignore"):
+        assert ".env" in (REPO / ignore).read_text().split(), ignore
+
+
+def test_compose_keeps_python_graders_off() -> None:
+    """The grader sandbox needs namespaces that Docker's default seccomp profile denies: off, and said."""
+    text = (REPO / "docker-compose.yml").read_text()
+    assert "seccomp" in text
+    services = yaml.safe_load(text)["services"]
+    for name in ("api", "worker", "cpu-worker"):
+        assert services[name]["environment"]["FTUNE_PYTHON_GRADER_ENABLED"] == "false", name
+
+
+def test_the_image_entrypoint_sets_the_umask_and_the_data_dir_mode(tmp_path: Path) -> None:
+    """The Dockerfile's ENTRYPOINT, run here with sh: whatever command follows runs with umask 077, and a
+    writable FTUNE_DATA_DIR made open before is 0700; a read-only one is left alone."""
+    [line] = [ln for ln in (REPO / "Dockerfile").read_text().splitlines() if ln.startswith("ENTRYPOINT ")]
+    entrypoint = json.loads(line.removeprefix("ENTRYPOINT "))
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    data.chmod(0o755)
+    show = ["sh", "-c", 'umask; touch "$FTUNE_DATA_DIR/f"; stat -c %a "$FTUNE_DATA_DIR" "$FTUNE_DATA_DIR/f"']
+    env = {"PATH": "/usr/bin:/bin", "FTUNE_DATA_DIR": str(data)}
+    done = subprocess.run([*entrypoint, *show], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["0077", "700", "600"]
+    missing = {**env, "FTUNE_DATA_DIR": str(tmp_path / "none")}
+    done = subprocess.run([*entrypoint, "true"], env=missing, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr  # not there (or read-only): the command still runs
 
 
 def test_console_script_is_declared() -> None:

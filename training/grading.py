@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from core.graders import GradeContext, openai_compatible_chat
+from core.graders import GradeContext
 from core.graders.sandbox import SandboxLimits, SandboxRunner
 from core.run_protocol import RunConfig
 
 
 def grade_context(config: RunConfig) -> GradeContext:
     """Python graders in the sandbox when the operator enabled them; score_model and label_model graders
-    through the configured OpenAI-compatible endpoint when there is one (else they count a
-    model_grader_server_error, which admission prevents by refusing such a job)."""
+    through the configured OpenAI-compatible endpoint when there is one, within the operator's bounds and
+    acting for the job's tenant (core.graders.judge; else they count a model_grader_server_error, which
+    admission prevents by refusing such a job)."""
     g = config.grading
     python = None
     if g.python_cpu_seconds is not None:
@@ -20,12 +21,5 @@ def grade_context(config: RunConfig) -> GradeContext:
             wall_seconds=g.python_timeout_seconds,
         )
         python = SandboxRunner(limits)
-    chat = None
-    if g.model_base_url:
-        chat = openai_compatible_chat(
-            g.model_base_url,
-            g.model_api_key or None,
-            g.model_timeout_seconds,
-            structured_outputs=g.model_structured_outputs,
-        )
+    chat = g.judge.connect(g.tenant_id) if g.judge is not None else None
     return GradeContext(chat=chat, python=python)

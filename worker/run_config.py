@@ -39,6 +39,7 @@ def write_run_config(
         mapping = _column_mapping(s, spec.dataset_id)
         val_mapping = _column_mapping(s, spec.validation_dataset_id)
         init_dir = _init_adapter_dir(s, storage, spec)
+        tenant_id = job.tenant_id
     model = catalog.get(spec.base_model)
     config = RunConfig(
         job_id=job_id,
@@ -53,7 +54,8 @@ def write_run_config(
         validation_column_mapping=val_mapping,
         # spec.init_from: the earlier job's adapter (admission checked its tenant, status and base)
         init_adapter_dir=str(init_dir) if init_dir else None,
-        grading=grading or GradingConfig(),
+        # the judge of model graders acts for the job's tenant (core.graders.judge)
+        grading=(grading or GradingConfig()).model_copy(update={"tenant_id": tenant_id}),
         compile_layers=compile_layers,
     )
     path = storage.run_config_path(job_id)

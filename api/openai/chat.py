@@ -7,6 +7,8 @@ then forwards the request and passes the engine's answer back as it comes: JSON,
 the fields ftune supports, re-serialised), never the caller's bytes. The engine's errors (404
 model_not_found, 429 engine_overloaded with Retry-After, 504 engine_timeout, 400) keep their status and
 OpenAI-shaped body; an engine that cannot be reached is 503 inference_unavailable, without its address.
+The judge of model graders (its key FTUNE_GRADER_MODEL_API_KEY) asks as the tenant whose grader it judges
+(api.auth.get_chat_principal): that tenant's `ft:` models, chat slots and request rate.
 
 Under a hostile tenant: at most FTUNE_CHAT_MAX_CONCURRENT_PER_TENANT requests of a tenant at once in this
 process (429 past it, with Retry-After), n x max_tokens at most FTUNE_CHAT_MAX_TOTAL_TOKENS, stop strings
@@ -29,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from api.auth import PrincipalDep
+from api.auth import ChatPrincipalDep
 from api.deps import Services, ServicesDep
 from api.inference_client import Adapter, EngineError, InferenceClient
 from api.openai.errors import AUTHED, OpenAIErrorResponse, OpenAIRoute, documented, error_response
@@ -331,9 +333,10 @@ async def client_gone(request: Request) -> None:
 
 @router.post("/chat/completions")
 async def create_chat_completion(
-    request: Request, body: ChatCompletionRequest, services: ServicesDep, principal: PrincipalDep
+    request: Request, body: ChatCompletionRequest, services: ServicesDep, principal: ChatPrincipalDep
 ) -> Response:
-    """`client.chat.completions.create(model=..., messages=[...])`, with `stream=True` too."""
+    """`client.chat.completions.create(model=..., messages=[...])`, with `stream=True` too. The judge of
+    model graders asks as the grading tenant (api.auth.get_chat_principal)."""
     body.check(services.settings)
     release = services.chats.take(principal.tenant_id)
     # Until the engine answers (all of it when not streaming) the client is watched: one that goes away

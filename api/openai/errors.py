@@ -21,11 +21,11 @@ from typing import Any, Literal
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.errors import HTTP_CODES
+from api.jsonbody import ThreadDecodedRoute
 from core import errors
 
 log = logging.getLogger(__name__)
@@ -114,8 +114,9 @@ def to_response(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, "internal server error", "internal_error")
 
 
-class OpenAIRoute(APIRoute):
-    """A route whose errors are answered in OpenAI's shape (see the module docstring)."""
+class OpenAIRoute(ThreadDecodedRoute):
+    """A route whose errors are answered in OpenAI's shape (see the module docstring); large JSON bodies
+    are decoded off the event loop (api.jsonbody)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()

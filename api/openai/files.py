@@ -7,20 +7,21 @@ Everything is scoped to the key's own tenant (the organization), admin keys incl
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from api.auth import PrincipalDep
-from api.deps import ServicesDep, SessionDep
+from api.deps import Services, ServicesDep, SessionDep
+from api.idempotency import IdempotencyKeyHeader
 from api.openai.checkpoints import result_csv
 from api.openai.errors import AUTHED, OpenAIRoute, documented
 from api.openai.job_objects import result_file_id, result_file_job
 from api.openai.schemas import PURPOSE, RESULTS_PURPOSE, FileDeleted, FileList, FileObject, file_object
-from api.routes.datasets import receive_and_validate, store_dataset, upload_room
+from api.routes.datasets import store_dataset, upload_once
 from api.upload import upload_doc
 from core.errors import InvalidInput, NotFound
 from core.states import JobStatus
@@ -40,18 +41,37 @@ UPLOAD_DOC = upload_doc({"purpose": {"type": "string", "enum": [PURPOSE]}}, requ
 
 
 @router.post("", response_model=FileObject, openapi_extra=UPLOAD_DOC, responses=documented(408, 413))
-async def create_file(request: Request, services: ServicesDep, principal: PrincipalDep) -> FileObject:
-    """`client.files.create(file=open("data.jsonl", "rb"), purpose="fine-tune")`: a new dataset."""
+async def create_file(
+    request: Request,
+    services: ServicesDep,
+    principal: PrincipalDep,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> JSONResponse:
+    """`client.files.create(file=open("data.jsonl", "rb"), purpose="fine-tune")`: a new dataset. A retry
+    with the same Idempotency-Key, file and purpose gets the first file back (Idempotent-Replayed: true)."""
     with services.uploads.hold(principal.tenant_id):  # 429 past the tenant's uploads at once
-        tmp = services.storage.temp_file()
-        try:
-            room = await run_in_threadpool(upload_room, services, principal)
-            filename, fields, report = await receive_and_validate(request, services, tmp, room)
-            _check_fields(fields)
-            ds = await run_in_threadpool(store_dataset, services, principal, tmp, filename, report)
-        finally:
-            tmp.unlink(missing_ok=True)
-    return file_object(ds)
+        return await upload_once(
+            request,
+            services,
+            principal,
+            idempotency_key,
+            scope="POST /v1/files",
+            store=_store,
+            hashed_fields=("purpose",),
+        )
+
+
+def _store(
+    services: Services,
+    principal: Principal,
+    tmp: Path,
+    filename: str,
+    fields: dict[str, str],
+    report: dict[str, Any],
+) -> JSONResponse:
+    _check_fields(fields)
+    ds = store_dataset(services, principal, tmp, filename, report)
+    return JSONResponse(file_object(ds).model_dump(mode="json"))
 
 
 def _check_fields(fields: dict[str, str]) -> None:

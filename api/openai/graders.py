@@ -3,7 +3,9 @@
 validate answers "would a fine-tuning job with this grader be admitted here": the grader JSON checked whole
 (400 naming the field, e.g. `grader.graders.b.type`), a python grader only where the operator enabled the
 sandbox (python_grader_disabled), a score_model or label_model grader only with a judge endpoint
-configured (grader_model_not_configured), the same refusals as job admission. The answer echoes the
+configured (grader_model_not_configured), a model on the operator's list (grader_model_not_allowed) and
+within its token bound (grader_model_tokens_over_limit), the same refusals as job admission; the judge
+acts for the calling tenant (core.graders.judge). The answer echoes the
 normalised grader (defaults filled in; multi's `graders` a named map, or the one grader object when
 that is how it was given: the openai SDK's types know only that form).
 
@@ -36,12 +38,11 @@ from core.graders import (
     GradeContext,
     Grader,
     GraderError,
-    OpenAICompatibleChat,
     grade,
     make_sample,
-    openai_compatible_chat,
     templates,
 )
+from core.graders.judge import BoundedJudge, JudgeConfig
 from core.graders.multi import MultiGrader
 from core.graders.policy import admitted
 from core.graders.results import GradeFailure
@@ -109,7 +110,7 @@ def checked(raw: Any, settings: Settings) -> Grader:
     return admitted(
         raw,
         python_enabled=settings.python_grader_enabled,
-        judge_configured=bool(settings.grader_model_base_url),
+        judge=JudgeConfig.from_settings(settings),
     )
 
 
@@ -159,24 +160,21 @@ def check_sizes(body: RunGraderRequest, sample: dict[str, Any], item: dict[str, 
         )
 
 
-def judge(settings: Settings) -> OpenAICompatibleChat | None:
-    """The judge where one is configured (close() it when done)."""
-    if not settings.grader_model_base_url:
-        return None
-    return openai_compatible_chat(
-        settings.grader_model_base_url,
-        settings.grader_model_api_key or None,
-        settings.grader_model_timeout_seconds,
-        structured_outputs=settings.grader_model_structured_outputs,
-    )
+def judge(settings: Settings, tenant_id: str) -> BoundedJudge | None:
+    """The judge where one is configured, within the operator's bounds and acting for the tenant
+    (core.graders.judge; close() it when done)."""
+    config = JudgeConfig.from_settings(settings)
+    return None if config is None else config.connect(tenant_id)
 
 
 @router.post("/validate", response_model=GraderValidateResponse)
 def validate_grader(
     body: ValidateGraderRequest, services: ServicesDep, principal: PrincipalDep
 ) -> JSONResponse:
-    """`client.fine_tuning.alpha.graders.validate(grader=...)`: {"grader": the normalised grader}."""
-    return JSONResponse({"grader": echoed(checked(body.grader, services.settings), body.grader)})
+    """`client.fine_tuning.alpha.graders.validate(grader=...)`: {"grader": the normalised grader}. Checked
+    under the tenant's hold, as a run is: checking a grader is bounded work, but it is the tenant's."""
+    with services.grader_runs.hold(principal.tenant_id):
+        return JSONResponse({"grader": echoed(checked(body.grader, services.settings), body.grader)})
 
 
 @router.post("/run", response_model=GraderRunResponse)
@@ -184,12 +182,14 @@ def run_grader(body: RunGraderRequest, services: ServicesDep, principal: Princip
     """`client.fine_tuning.alpha.graders.run(grader=..., model_sample=..., item=...)`: OpenAI's
     GraderRunResponse. A sync def: FastAPI runs it in the threadpool, off the event loop."""
     settings = services.settings
-    grader = checked(body.grader, settings)
-    sample, item = make_sample(body.model_sample), body.item or {}
-    check_sizes(body, sample, item)
-    sandbox = SandboxRunner(SandboxLimits.from_settings(settings)) if settings.python_grader_enabled else None
-    with services.grader_runs.hold(principal.tenant_id):
-        chat = judge(settings)
+    with services.grader_runs.hold(principal.tenant_id):  # before any work of the tenant's: parsing too
+        grader = checked(body.grader, settings)
+        sample, item = make_sample(body.model_sample), body.item or {}
+        check_sizes(body, sample, item)
+        sandbox = (
+            SandboxRunner(SandboxLimits.from_settings(settings)) if settings.python_grader_enabled else None
+        )
+        chat = judge(settings, principal.tenant_id)
         try:
             result = grade(grader, sample, item, GradeContext(chat=chat, python=sandbox))
         finally:

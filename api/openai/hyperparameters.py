@@ -26,9 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from core.errors import InvalidInput, Unsupported
+from core.graders.parse import check_size
 from core.spec import JobSpec
 
 Auto = Literal["auto"]
@@ -79,6 +80,13 @@ class Reinforcement(BaseModel):
     grader: dict[str, Any]
     hyperparameters: ReinforcementHyperparameters = ReinforcementHyperparameters()
     response_format: dict[str, Any] | None = None
+
+    @field_validator("grader", mode="before")
+    @classmethod
+    def _bounded(cls, v: Any) -> Any:
+        """Bounded before pydantic copies it whole (JobSpec parses it when the job is mapped)."""
+        check_size(v, "method.reinforcement.grader")
+        return v
 
 
 class Supervised(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -60,26 +61,38 @@ async def upload_dataset(
     # Every database call runs in a worker thread (run_in_threadpool): a slow or locked database must
     # not stop this event loop from serving other requests and streaming other uploads.
     with services.uploads.hold(principal.tenant_id):  # 429 past the tenant's uploads at once
-        return await _upload(request, services, principal, idempotency_key)
+        return await upload_once(request, services, principal, idempotency_key, scope=SCOPE, store=_store)
 
 
-async def _upload(
-    request: Request, services: Services, principal: Principal, key: str | None
+# Stores a received, validated upload: (services, principal, temp file, filename, form fields, report).
+StoreUpload = Callable[[Services, Principal, Path, str, dict[str, str], dict[str, Any]], JSONResponse]
+
+
+async def upload_once(
+    request: Request,
+    services: Services,
+    principal: Principal,
+    key: str | None,
+    *,
+    scope: str,
+    store: StoreUpload,
+    hashed_fields: tuple[str, ...] = (),
 ) -> JSONResponse:
-    scope_key = f"{principal.tenant_id} {SCOPE}"
+    """Receive, validate and `store` an upload, at most once per Idempotency-Key in `scope` (a route): a
+    retry with the same file (and `hashed_fields` of the form) gets the first answer back."""
+    scope_key = f"{principal.tenant_id} {scope}"
     claimed = await run_in_threadpool(idem.claim, services.sessions, scope_key, key, None) if key else None
     owner = claimed if isinstance(claimed, idem.Owner) else None
     tmp = services.storage.temp_file()
     try:
         room = await run_in_threadpool(upload_room, services, principal)
-        filename, _fields, report = await receive_and_validate(request, services, tmp, room)
-        request_hash = body_hash(
-            {k: report[k] for k in ("sha256", "column_mapping")} | {"filename": filename}
-        )
+        filename, fields, report = await receive_and_validate(request, services, tmp, room)
+        hashed = {k: report[k] for k in ("sha256", "column_mapping")} | {"filename": filename}
+        request_hash = body_hash(hashed | {k: fields.get(k) for k in hashed_fields})
         if key and claimed is not None and not isinstance(claimed, idem.Owner):  # a replay
             await run_in_threadpool(check_replay_body, services, scope_key, key, request_hash)
             return replayed(*claimed)
-        response = await run_in_threadpool(_store, services, principal, tmp, filename, report)
+        response = await run_in_threadpool(store, services, principal, tmp, filename, fields, report)
     except BaseException:
         if owner is not None:
             with anyio.CancelScope(shield=True):  # also when the client went away (a cancellation)
@@ -154,7 +167,12 @@ def store_dataset(
 
 
 def _store(
-    services: Services, principal: Principal, tmp: Path, filename: str, report: dict[str, Any]
+    services: Services,
+    principal: Principal,
+    tmp: Path,
+    filename: str,
+    _fields: dict[str, str],
+    report: dict[str, Any],
 ) -> JSONResponse:
     ds = store_dataset(services, principal, tmp, filename, report)
     dataset_id = ds.id

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from api.auth import PrincipalDep, scope
 from api.deps import Services, ServicesDep, SessionDep
 from api.idempotency import IdempotencyKeyHeader, body_hash, run_once
+from api.jsonbody import ThreadDecodedRoute
 from api.owned import NATIVE, OwnedJob, control_job
 from api.responses import AUTHED, errors
 from api.schemas import (
@@ -38,7 +39,7 @@ from models.queue_view import queue_view
 from models.tables import Job
 from models.tenants import Principal
 
-router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(*AUTHED))
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(*AUTHED), route_class=ThreadDecodedRoute)
 
 
 @router.post("", status_code=202, response_model=JobOut, responses=errors(400, 409, 413))

@@ -7,13 +7,14 @@ from pydantic import Field
 
 from api.auth import PrincipalDep
 from api.deps import ServicesDep, SessionDep
+from api.jsonbody import ThreadDecodedRoute
 from api.responses import AUTHED, errors
 from core.errors import Unavailable
 from core.planner import Plan
 from core.spec import JobSpec
 from models.admission import make_plan
 
-router = APIRouter(tags=["plan"], responses=errors(*AUTHED))
+router = APIRouter(tags=["plan"], responses=errors(*AUTHED), route_class=ThreadDecodedRoute)
 
 
 class PlanRequest(JobSpec):

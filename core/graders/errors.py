@@ -13,6 +13,8 @@ GRADER_ERROR_CODES = frozenset(
         "invalid_evaluation_metric",  # text_similarity's metric
         "unsupported_evaluation_metric",  # cosine: OpenAI offers it to evals only, never to fine-tuning
         "invalid_template",  # a {{ }} that is not {{ item.path }} or {{ sample.<field>.path }}
+        "grader_too_large",  # more than core.graders.parse.MAX_GRADER_NODES JSON values
+        "template_too_long",  # one template's text over core.graders.templates.MAX_TEMPLATE_CHARS
         "formula_parse_error",  # multi's calculate_output
         "nested_multi_grader",
         "label_model_outside_multi",  # as OpenAI: a label_model grader only inside a multi grader

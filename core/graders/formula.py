@@ -10,6 +10,7 @@ reward 0."""
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -103,18 +104,18 @@ class _Parser:
             self.fail(f"nested deeper than {_MAX_DEPTH}")
 
     def expression(self) -> Node:
-        node = self.term()
+        first, rest = self.term(), []
         while self.peek() in ("+", "-"):
-            op, right, left = self.take(), self.term(), node
-            node = _add(left, right) if op == "+" else _sub(left, right)
-        return node
+            op = _BINARY[self.take()]
+            rest.append((op, self.term()))
+        return _chain(first, rest)
 
     def term(self) -> Node:
-        node = self.unary()
+        first, rest = self.unary(), []
         while self.peek() in ("*", "/"):
-            op, right, left = self.take(), self.unary(), node
-            node = _mul(left, right) if op == "*" else _div(left, right)
-        return node
+            op = _BINARY[self.take()]
+            rest.append((op, self.unary()))
+        return _chain(first, rest)
 
     def unary(self) -> Node:
         if self.peek() in ("-", "+"):
@@ -175,20 +176,27 @@ class _Parser:
         return lambda values: float(apply(arg(values)))
 
 
-def _add(a: Node, b: Node) -> Node:
-    return lambda v: a(v) + b(v)
+_BINARY: dict[str, Callable[[float, float], float]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+}
 
 
-def _sub(a: Node, b: Node) -> Node:
-    return lambda v: a(v) - b(v)
+def _chain(first: Node, rest: list[tuple[Callable[[float, float], float], Node]]) -> Node:
+    """a op b op c ..., left to right in a loop: a chain of 2,000 terms nested as closures would recurse
+    2,000 deep when evaluated (past Python's recursion limit); only nesting (_MAX_DEPTH) recurses."""
+    if not rest:
+        return first
 
+    def evaluate(values: Values) -> float:
+        total = first(values)
+        for op, node in rest:
+            total = op(total, node(values))
+        return total
 
-def _mul(a: Node, b: Node) -> Node:
-    return lambda v: a(v) * b(v)
-
-
-def _div(a: Node, b: Node) -> Node:
-    return lambda v: a(v) / b(v)
+    return evaluate
 
 
 def _neg(a: Node) -> Node:

@@ -4,8 +4,9 @@ Like OpenAI, each asks for structured output: {"steps": [{"description", "conclu
 (a number for score_model, one of the labels for label_model). A server that answers plain text still works:
 a reply that is a bare number, or exactly one label, is read too. score_model clamps the number into its
 range (OpenAI "truncates" it there). What the judge says decides the error: no reply (the endpoint failed,
-or no chat is configured) model_grader_server_error; a refusal model_grader_refusal_error; a reply with no
-score or label model_grader_parse_error. All score 0."""
+or no chat is configured) model_grader_server_error, with a summary of why (never the judge's own words:
+core.graders.chat); a refusal model_grader_refusal_error; a reply with no score or label
+model_grader_parse_error. All score 0. The operator's bounds on the judge: core.graders.judge."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from core.graders.base import GradeContext, Grader, Item, Sample, Scored
-from core.graders.chat import ChatReply
+from core.graders.chat import ChatError, ChatReply
 from core.graders.errors import GraderError
 from core.graders.fields import JsonFields, number
 from core.graders.messages import Message, parse_messages
@@ -64,8 +65,11 @@ def _ask(
         raise GradeFailure("model_grader_server_error", "no judge model is configured for model graders")
     try:
         reply = ctx.chat(model, rendered, params)
-    except Exception as exc:  # the chat callable's failure to answer, whatever it is
-        raise GradeFailure("model_grader_server_error", f"{type(exc).__name__}: {exc}"[:1000]) from exc
+    except ChatError as exc:  # its message is a summary for the tenant (core.graders.chat)
+        raise GradeFailure("model_grader_server_error", str(exc)[:1000]) from exc
+    except Exception as exc:  # any other failure to answer: its words may name the operator's setup
+        details = f"the judge failed to answer ({type(exc).__name__})"
+        raise GradeFailure("model_grader_server_error", details) from exc
     prompt, completion = reply.prompt_tokens, reply.completion_tokens
     usage = {
         model: {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

@@ -15,12 +15,33 @@ from core.graders.string_check import StringCheckGrader
 from core.graders.text_similarity import TextSimilarityGrader
 
 GRADER_TYPES = ("string_check", "text_similarity", "score_model", "label_model", "python", "multi")
+# JSON values (objects, lists, strings, numbers...) in one grader: a real one has tens (OpenAI's examples)
+# to a few hundred. The bound keeps parsing a 1 MiB body to milliseconds, wherever graders are parsed.
+MAX_GRADER_NODES = 2000
 
 
 def parse_grader(obj: Any, *, allow_python: bool, param: str = "grader") -> Grader:
     """The Grader for `obj`, or GraderError naming the first field at fault (`param` is the path of `obj`).
     `allow_python`: whether this server runs python graders (python_grader_disabled where not)."""
+    check_size(obj, param)
     return _parse(obj, param, allow_python=allow_python, in_multi=False, default_name=None)
+
+
+def check_size(obj: Any, param: str = "grader") -> None:
+    """Refuse a grader of more than MAX_GRADER_NODES JSON values, counting no further than that: call it
+    before a model copies the value whole (pydantic's dict[str, Any] does, on the event loop)."""
+    pending, seen = [obj], 0
+    while pending:
+        value = pending.pop()
+        seen += 1
+        if seen > MAX_GRADER_NODES:
+            raise GraderError(
+                "grader_too_large", f"{param} holds more than {MAX_GRADER_NODES} JSON values", param
+            )
+        if isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
 
 
 def _parse(obj: Any, param: str, *, allow_python: bool, in_multi: bool, default_name: str | None) -> Grader:

@@ -2,47 +2,72 @@
 
 Python graders only where the operator enabled the sandbox (GraderError python_grader_disabled, from
 parse_grader); score_model and label_model graders only with a judge endpoint configured
-(grader_model_not_configured, naming the first such grader's type field).
+(grader_model_not_configured, naming the first such grader's type field), naming a model on the
+operator's allow-list (grader_model_not_allowed, naming its model field) and asking at most the operator's
+max_completion_tokens (grader_model_tokens_over_limit, naming sampling_params.max_completions_tokens).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from core.errors import InvalidInput
 from core.graders.base import Grader
+from core.graders.judge import ALLOWED_MODELS_SETTING, JudgeConfig
+from core.graders.model_graders import LabelModelGrader, ScoreModelGrader
 from core.graders.multi import MultiGrader
 from core.graders.parse import parse_grader
 
-JUDGED = ("score_model", "label_model")
+ModelGrader = ScoreModelGrader | LabelModelGrader
 
 
-def admitted(raw: Any, *, python_enabled: bool, judge_configured: bool, param: str = "grader") -> Grader:
-    """The grader `raw` as this server would run it, or the error that refuses it."""
+def admitted(raw: Any, *, python_enabled: bool, judge: JudgeConfig | None, param: str = "grader") -> Grader:
+    """The grader `raw` as this server would run it, or the error that refuses it. `judge`: the operator's
+    judge and its bounds (JudgeConfig.from_settings); None: there is none."""
     grader = parse_grader(raw, allow_python=python_enabled, param=param)
-    judged = judged_param(grader, raw, param)
-    if judged is not None and not judge_configured:
-        raise InvalidInput(
-            f"{judged} is a model grader, and this server has no judge model endpoint configured "
-            "(the operator sets FTUNE_GRADER_MODEL_BASE_URL)",
-            code="grader_model_not_configured",
-            param=judged,
-        )
+    for child, at in model_graders(grader, raw, param):
+        check_judged(child, at, judge)
     return grader
 
 
-def judged_param(grader: Grader, raw: Any, param: str = "grader") -> str | None:
-    """The path of the first score_model or label_model grader's type in the tree (None: there is none)."""
-    if grader.type in JUDGED:
-        return f"{param}.type"
+def check_judged(grader: ModelGrader, at: str, judge: JudgeConfig | None) -> None:
+    """Refuse the model grader at `at` (its path) unless the operator's judge will run it as it is."""
+    if judge is None:
+        raise InvalidInput(
+            f"{at}.type is a model grader, and this server has no judge model endpoint configured "
+            "(the operator sets FTUNE_GRADER_MODEL_BASE_URL)",
+            code="grader_model_not_configured",
+            param=f"{at}.type",
+        )
+    if not judge.allows(grader.model):
+        listed = ", ".join(judge.allowed_models)
+        why = f"it allows {listed}" if listed else f"the operator lists them in {ALLOWED_MODELS_SETTING}"
+        raise InvalidInput(
+            f"{at}.model: {grader.model!r} is not one of this server's judge models ({why})",
+            code="grader_model_not_allowed",
+            param=f"{at}.model",
+        )
+    params = (grader.sampling_params or {}) if isinstance(grader, ScoreModelGrader) else {}
+    asked, bound = params.get("max_completions_tokens"), judge.max_completion_tokens
+    if asked is not None and asked > bound:
+        field = f"{at}.sampling_params.max_completions_tokens"
+        raise InvalidInput(
+            f"{field}: {asked} is over this server's bound of {bound} tokens per judge call",
+            code="grader_model_tokens_over_limit",
+            param=field,
+        )
+
+
+def model_graders(grader: Grader, raw: Any, param: str = "grader") -> Iterator[tuple[ModelGrader, str]]:
+    """Each score_model and label_model grader in the tree, with its path (`param` of its JSON object)."""
+    if isinstance(grader, ScoreModelGrader | LabelModelGrader):
+        yield grader, param
     if isinstance(grader, MultiGrader):
         given = raw.get("graders") if isinstance(raw, dict) else None
         if isinstance(given, dict) and isinstance(given.get("type"), str):  # the single-grader form
-            child = next(iter(grader.graders.values()))
-            return judged_param(child, given, f"{param}.graders")
+            yield from model_graders(next(iter(grader.graders.values())), given, f"{param}.graders")
+            return
         for key, child in grader.graders.items():
             sub = given.get(key) if isinstance(given, dict) else None
-            found = judged_param(child, sub, f"{param}.graders.{key}")
-            if found is not None:
-                return found
-    return None
+            yield from model_graders(child, sub, f"{param}.graders.{key}")

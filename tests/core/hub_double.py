@@ -38,6 +38,10 @@ class HubDouble:
     # A GET of this file sends half of it, then waits for `resume` (at most 60 s) before the rest.
     stall_file: str | None = None
     resume: threading.Event = field(default_factory=threading.Event)
+    # A hostile mirror: model info answers this as the commit sha (whatever the revision resolves to), and
+    # a GET of a file named in `padded` sends that many bytes more than the listing says it has.
+    claimed_sha: str | None = None
+    padded: dict[str, int] = field(default_factory=dict)
     url: str = ""
 
     def add(self, repo_id: str, files: dict[str, bytes], ref: str = "main") -> str:
@@ -95,7 +99,8 @@ def _handler(hub: HubDouble) -> type[BaseHTTPRequestHandler]:
                 return self._error(404, "RevisionNotFound")
             files = hub.repos[repo_id].commits[sha]
             siblings = [{"rfilename": name, "size": len(data)} for name, data in sorted(files.items())]
-            payload = json.dumps({"id": repo_id, "modelId": repo_id, "sha": sha, "siblings": siblings})
+            claimed = sha if hub.claimed_sha is None else hub.claimed_sha
+            payload = json.dumps({"id": repo_id, "modelId": repo_id, "sha": claimed, "siblings": siblings})
             self._send(200, payload.encode(), {"Content-Type": "application/json"})
 
         def _file(self, repo_id: str, revision: str, name: str, body: bool) -> None:
@@ -124,6 +129,8 @@ def _handler(hub: HubDouble) -> type[BaseHTTPRequestHandler]:
                 hub.resume.wait(60)
                 self.wfile.write(data[len(data) // 2 :])
                 return
+            if name in hub.padded:
+                return self._send_padded(headers, data, hub.padded[name])
             if name == hub.break_file and not hub._broken:
                 hub._broken = True
                 self.send_response(200)
@@ -135,6 +142,20 @@ def _handler(hub: HubDouble) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 return
             self._send(206 if start else 200, data[start:], headers)
+
+        def _send_padded(self, headers: dict[str, str], data: bytes, extra: int) -> None:
+            """The file, then `extra` bytes more, in 64 KiB pieces until the client hangs up."""
+            self.send_response(200)
+            for k, v in {**headers, "Content-Length": str(len(data) + extra)}.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.close_connection = True
+            try:
+                self.wfile.write(data)
+                for i in range(0, extra, 65536):
+                    self.wfile.write(b" " * min(65536, extra - i))
+            except (BrokenPipeError, ConnectionResetError):
+                pass
 
         def _error(self, status: int, code: str, extra: dict[str, str] | None = None) -> None:
             headers = {"X-Error-Code": code, "Content-Type": "application/json", **(extra or {})}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from core.catalog import PULL_RECORD, Catalog
-from core.errors import Conflict, NotFound, Unavailable, Unsupported
+from core.errors import Conflict, NotFound, PayloadTooLarge, Unavailable, Unsupported
 from core.hub import STAGING_DIR, pull
 from tests.core.hub_double import HubDouble, heal, serve
 
@@ -215,3 +215,61 @@ def test_without_network_a_clear_message_and_no_traceback(tmp_path: Path) -> Non
     assert "error (hub_unreachable): cannot reach the Hugging Face Hub at " + closed in done.stderr
     assert "HF_ENDPOINT" in done.stderr and "HF_HUB_OFFLINE=1" in done.stderr
     assert str(tmp_path / "acme/tiny") in done.stderr
+
+
+@pytest.mark.parametrize(
+    "claimed", ["../../../victim", "0" * 39, "0" * 40 + "\n", "G" * 40, "0" * 40 + "/.."]
+)
+def test_a_commit_that_is_not_a_sha_touches_no_path(hub: HubDouble, tmp_path: Path, claimed: str) -> None:
+    """A hostile mirror answers a "commit" that would put the staging directory elsewhere (and delete it
+    when done): refused before any file is fetched or any directory made for it."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("mine")
+    hub.claimed_sha = claimed
+    with pytest.raises(Unavailable, match="not a commit sha") as e:
+        pull("acme/tiny", tmp_path / "models")
+    assert e.value.code == "hub_bad_commit"
+    assert not hub.requested(r"/resolve/")
+    assert [f.name for f in victim.iterdir()] == ["keep"]
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["models", "victim"]
+    assert not (tmp_path / "models" / STAGING_DIR / "acme--tiny").exists()
+
+
+def test_a_file_listed_over_the_size_cap_is_refused_before_it_is_fetched(
+    hub: HubDouble, tmp_path: Path
+) -> None:
+    """FTUNE_HUB_MAX_FILE_BYTES, through the real command: the shards are listed over it, so none is asked
+    for (nor the tokenizer, fetched just before them)."""
+    files = hub.repos["acme/tiny"].commits[str(hub.resolve("acme/tiny", "main"))]
+    cap = min(len(data) for name, data in files.items() if name.endswith(".safetensors")) - 1
+    small = [data for name, data in files.items() if not name.endswith((".safetensors", ".bin"))]
+    assert all(len(data) <= cap for data in small)
+    env = {"HF_ENDPOINT": hub.url, "FTUNE_MODELS_DIR": str(tmp_path), "FTUNE_HUB_MAX_FILE_BYTES": str(cap)}
+    done = _cli("models", "pull", "acme/tiny", env=env)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "error (hub_file_too_large): acme/tiny: model-00001-of-" in done.stderr
+    assert f"over the cap of {cap} bytes (FTUNE_HUB_MAX_FILE_BYTES)" in done.stderr
+    assert not hub.requested(WEIGHTS) and not hub.requested(r"tokenizer")
+    assert not (tmp_path / "acme").exists()
+
+
+def test_a_body_that_streams_past_the_cap_is_cut_off(
+    hub: HubDouble, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listing says tokenizer.json is small; the mirror sends megabytes more: the download stops at
+    the cap, what came is deleted, and nothing after it is fetched."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 16384)
+    cap = 1_000_000  # over every file's listed size
+    hub.padded["tokenizer.json"] = 8_000_000
+    with pytest.raises(
+        PayloadTooLarge, match=r"tokenizer\.json\) sent more than the cap of 1000000 bytes"
+    ) as e:
+        pull("acme/tiny", tmp_path, max_file_bytes=cap)
+    assert e.value.code == "hub_file_too_large"
+    staged = tmp_path / STAGING_DIR / "acme--tiny" / str(hub.resolve("acme/tiny", "main"))
+    assert not (staged / "tokenizer.json").exists() and not (staged / "tokenizer.json.part").exists()
+    assert sum(f.stat().st_size for f in staged.iterdir()) < cap  # config.json and the other small files
+    assert not hub.requested(WEIGHTS)

@@ -38,18 +38,20 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_engine(tiny_model: Path, tmp: Path, generation_s: float) -> Iterator[str]:
+def running_engine(
+    tiny_model: Path, tmp: Path, generation_s: float, key: str = KEY, flags: tuple[str, ...] = ()
+) -> Iterator[str]:
     """The engine on a free port over the tiny model's catalog, at most 2 requests waiting, with a key."""
     port = free_port()
     env = {
         **os.environ,
         "FTUNE_MODELS_DIR": str(tiny_model.parent),
         "FTUNE_HF_CACHE_DIR": str(tmp / "no-hf-cache"),
-        "FTUNE_INFERENCE_API_KEY": KEY,
+        "FTUNE_INFERENCE_API_KEY": key,
         "FTUNE_INFERENCE_GENERATION_SECONDS": str(generation_s),
     }
     log = (tmp / "engine.log").open("w")
-    cmd = [sys.executable, "-m", "inference.server", "--port", str(port), "--max-waiting", "2"]
+    cmd = [sys.executable, "-m", "inference.server", "--port", str(port), "--max-waiting", "2", *flags]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -71,8 +73,14 @@ def running_engine(tiny_model: Path, tmp: Path, generation_s: float) -> Iterator
 
 
 @pytest.fixture(scope="module")
-def engine_url(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_engine(tiny_model, tmp_path_factory.mktemp("engine"), GENERATION_S) as url:
+def engine_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The module's engine's directory: its output is in engine.log there."""
+    return tmp_path_factory.mktemp("engine")
+
+
+@pytest.fixture(scope="module")
+def engine_url(tiny_model: Path, engine_dir: Path) -> Iterator[str]:
+    with running_engine(tiny_model, engine_dir, GENERATION_S) as url:
         yield url
 
 
@@ -240,6 +248,33 @@ def test_a_non_streaming_client_that_goes_away_frees_the_engine(
     assert time.monotonic() - started < GENERATION_S / 2
 
 
+def test_a_dropped_chat_logs_one_line_and_no_traceback(engine_url: str, engine_dir: Path) -> None:
+    """Two chats dropped mid-generation by their clients, one plain and one streamed: the engine says so
+    in one line each, and logs no traceback (once ~80 lines of InvalidStateError per plain drop)."""
+    log = engine_dir / "engine.log"
+    before = len(log.read_text())
+    hog = {"model": BASE, "messages": USER, "n": 16, "max_tokens": LONG, "ignore_eos": True, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{engine_url}/v1/chat/completions", json=hog, headers=AUTH, timeout=1.5)
+    streamed = {**hog, "stream": True}
+    with httpx.stream("POST", f"{engine_url}/v1/chat/completions", json=streamed, headers=AUTH) as r:
+        assert r.status_code == 200
+        assert sum(1 for _, line in zip(range(20), r.iter_lines(), strict=False) if line) > 3  # mid-stream
+
+    def dropped() -> list[str]:
+        return [line for line in log.read_text()[before:].splitlines() if "went away" in line]
+
+    deadline = time.monotonic() + 20
+    while len(dropped()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)  # anything the engine would log after its line
+    new = log.read_text()[before:]
+    assert "Traceback" not in new and "InvalidStateError" not in new, new[-3000:]
+    assert len(dropped()) == 2, new[-3000:]
+    assert any("before its answer" in line for line in dropped())
+    assert any("mid-stream" in line for line in dropped())
+
+
 def test_the_generation_deadline_ends_a_long_generation(tiny_model: Path, tmp_path: Path) -> None:
     """16 x LONG tokens (about 6 s on a quiet 2-core machine) against an engine whose deadline is
     SHORT_DEADLINE_S: the answer comes at the deadline, cut short with finish_reason "length" (the choices
@@ -272,3 +307,31 @@ def test_stop_strings_are_bounded_as_openai_bounds_them(client: openai.OpenAI) -
         model=BASE, messages=USER, max_tokens=2, stop=["a", "b", "c", "d" * 64]
     )
     assert four.choices
+
+
+def test_without_a_key_the_engine_starts_only_when_told_and_only_on_loopback(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """`ftune inference` with no FTUNE_INFERENCE_API_KEY refuses to start (it would serve anyone who
+    reaches it); --insecure-no-key lets it start on a loopback host only."""
+    env = {**os.environ, "FTUNE_MODELS_DIR": str(tiny_model.parent), "FTUNE_DATA_DIR": str(tmp_path / "d")}
+    env.pop("FTUNE_INFERENCE_API_KEY", None)
+    port = str(free_port())
+    for flags, said in (
+        ([], "FTUNE_INFERENCE_API_KEY is not set"),
+        (["--insecure-no-key", "--host", "0.0.0.0"], "only on a loopback host"),
+        (["--insecure-no-key", "--host", "10.1.2.3"], "only on a loopback host"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "cli", "inference", "--port", port, *flags],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2, (flags, done.stderr[-2000:])
+        assert said in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert "Uvicorn running" not in done.stderr
+    with running_engine(tiny_model, tmp_path, GENERATION_S, key="", flags=("--insecure-no-key",)) as url:
+        assert httpx.get(f"{url}/v1/models").status_code == 200  # open, on 127.0.0.1 alone

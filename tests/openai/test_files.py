@@ -141,3 +141,32 @@ def test_upload_over_the_json_body_limit_streams(tenant: Tenant) -> None:
     assert len(big) > 1.5 * 2**20
     created = sdk.files.create(file=("big.jsonl", io.BytesIO(big)), purpose="fine-tune")
     assert (created.status, created.bytes) == ("processed", len(big))
+
+
+def test_an_upload_retried_with_its_idempotency_key_gets_the_first_file(tenant: Tenant) -> None:
+    """`extra_headers={"Idempotency-Key": ...}` makes a retried upload safe: the same key, file and purpose
+    answer the first file (Idempotent-Replayed: true) and store nothing more; another file under that key
+    is refused, and a refused upload (a bad purpose) releases its key."""
+    sdk, _ = tenant
+    key = {"Idempotency-Key": "upload-1"}
+    first = sdk.files.with_raw_response.create(
+        file=("t.jsonl", ALPACA), purpose="fine-tune", extra_headers=key
+    )
+    again = sdk.files.with_raw_response.create(
+        file=("t.jsonl", ALPACA), purpose="fine-tune", extra_headers=key
+    )
+    assert again.headers.get("idempotent-replayed") == "true" and "idempotent-replayed" not in first.headers
+    assert again.parse() == first.parse()
+    assert [f.id for f in sdk.files.list()] == [first.parse().id]
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk.files.create(file=("t.jsonl", ALPACA + ALPACA), purpose="fine-tune", extra_headers=key)
+    assert e.value.code == "idempotency_key_reused"
+
+    other = {"Idempotency-Key": "upload-2"}
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk.files.create(file=("t.jsonl", ALPACA), purpose="batch", extra_headers=other)
+    assert e.value.code == "invalid_purpose"
+    assert (
+        sdk.files.create(file=("t.jsonl", ALPACA), purpose="fine-tune", extra_headers=other).id
+        != first.parse().id
+    )

@@ -57,6 +57,7 @@ def graders(tmp_path_factory: pytest.TempPathFactory, judge: ChatStub) -> Iterat
     env = env_for(tmp, tmp / "models", FTUNE_API_PORT=str(port), FTUNE_DATABASE_URL=database_url)
     env |= {"FTUNE_PYTHON_GRADER_ENABLED": "1", "FTUNE_GRADER_RUN_MAX_CONCURRENT_PER_TENANT": "1"}
     env |= {"FTUNE_GRADER_MODEL_BASE_URL": judge.base_url, "FTUNE_GRADER_MODEL_API_KEY": JUDGE_KEY}
+    env |= {"FTUNE_GRADER_MODEL_ALLOWED_MODELS": '["judge-model"]'}
     subprocess.run([sys.executable, "-m", "cli", "migrate"], env=env, check=True, cwd=REPO)
     api = Proc(["api"], env, tmp / "api.log")
     base = f"http://127.0.0.1:{port}"

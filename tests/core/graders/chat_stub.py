@@ -31,7 +31,8 @@ def completion(
 
 
 class ChatStub:
-    """`answer` decides each reply; `requests` keeps what was asked (body and Authorization header)."""
+    """`answer` decides each reply; `requests` keeps what was asked (body, the Authorization header and
+    the grading tenant that ftune's judge names)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -52,7 +53,12 @@ def chat_stub() -> Iterator[ChatStub]:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             with stub.lock:
                 stub.requests.append(
-                    {"path": self.path, "auth": self.headers.get("Authorization"), "body": body}
+                    {
+                        "path": self.path,
+                        "auth": self.headers.get("Authorization"),
+                        "tenant": self.headers.get("X-Ftune-Grading-Tenant"),
+                        "body": body,
+                    }
                 )
             status, reply = stub.answer(body) if self.path == "/v1/chat/completions" else (404, "not found")
             data = reply.encode() if isinstance(reply, str) else json.dumps(reply).encode()

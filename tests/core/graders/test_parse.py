@@ -57,6 +57,8 @@ CASES: list[tuple[Any, str, str]] = [
     (with_(STRING_CHECK, refrence="x"), "invalid_grader", "grader.refrence"),
     (with_(STRING_CHECK, operation="contains"), "invalid_operation", "grader.operation"),
     (with_(STRING_CHECK, reference="{{ items.x }}"), "invalid_template", "grader.reference"),
+    (with_(STRING_CHECK, input="{{" * 40_000), "template_too_long", "grader.input"),
+    (multi({f"g{i}": STRING_CHECK for i in range(400)}, "g0"), "grader_too_large", "grader"),
     (with_(SIMILARITY, evaluation_metric="rouge_6"), "invalid_evaluation_metric", "grader.evaluation_metric"),
     (
         with_(SIMILARITY, evaluation_metric="cosine"),

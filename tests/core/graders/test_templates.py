@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import random
+import re
+import time
+
 import pytest
 
-from core.graders import GraderError, make_sample
+from core.graders import GraderError, make_sample, templates
 from core.graders.results import GradeFailure
-from core.graders.templates import MAX_RENDERED_CHARS, Template
+from core.graders.templates import MAX_RENDERED_CHARS, MAX_TEMPLATE_CHARS, Template
 
 ITEM = {
     "answer": "Paris",
@@ -118,3 +122,32 @@ def test_a_template_that_fills_in_past_the_cap_fails_its_sample_without_building
         template.render({}, {"text": "x" * 1000})
     assert caught.value.errors.flags == ["other_error"]
     assert str(caught.value) == f"the template fills in to over {MAX_RENDERED_CHARS} characters"
+
+
+def test_a_template_full_of_open_braces_parses_in_one_pass() -> None:
+    """The hostile payload: "{{" thousands of times. A backtracking regex scanned to the end from every
+    "{{" (40k characters took 14 s, holding the interpreter lock, so the whole API stalled); one pass
+    takes microseconds. The bound is 30x slack on a busy machine, the old scan took over 20 s here."""
+    source = "{{" * (MAX_TEMPLATE_CHARS // 2)
+    started = time.perf_counter()
+    assert Template.parse(source, "grader.input").parts == (source,)  # no "}}": all literal text
+    with pytest.raises(GraderError):  # the first "{{" runs to the "}}": not a path
+        Template.parse(source[:-2] + "}}", "grader.input")
+    assert time.perf_counter() - started < 1.0
+
+
+def test_a_template_over_the_length_cap_is_refused_naming_the_field() -> None:
+    with pytest.raises(GraderError) as caught:
+        Template.parse("x" * (MAX_TEMPLATE_CHARS + 1), "grader.graders.a.input")
+    assert (caught.value.code, caught.value.param) == ("template_too_long", "grader.graders.a.input")
+    assert Template.parse("x" * MAX_TEMPLATE_CHARS, "grader.input").parts == ("x" * MAX_TEMPLATE_CHARS,)
+
+
+def test_the_one_pass_scan_finds_the_tags_a_lazy_regex_finds() -> None:
+    """The regex it replaced is the oracle: leftmost "{{", then the nearest "}}" after it."""
+    oracle = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
+    rng = random.Random(0)
+    for _ in range(20_000):
+        text = "".join(rng.choice("{}a.\n") for _ in range(rng.randint(0, 16)))
+        expected = [(m.start(), m.end()) for m in oracle.finditer(text)]
+        assert templates._tags(text) == expected, text
