@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 
+from cli.openai_import.options import add_arguments as add_import_arguments
 from core.settings import Settings, get_settings
 
 
@@ -234,6 +235,21 @@ def cmd_jobs_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import_openai(args: argparse.Namespace) -> int:
+    """Copy fine-tuning files and job definitions from an OpenAI-compatible API (cli/openai_import)."""
+    from cli.openai_import.command import run
+    from cli.openai_import.options import options_from
+
+    for name in ("httpx", "httpx2", "openai"):  # one INFO line per request would bury the progress lines
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        options = options_from(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return run(options, get_settings())
+
+
 def _local_broker_url(settings: Settings) -> str:
     """The embedded broker of a running `ftune up` on this data directory, if any."""
     from cli.up import BROKER_URL_FILE
@@ -296,6 +312,17 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("spec", help="a JobSpec as a JSON file, or - for stdin")
     submit.add_argument("--tenant", default="local", help="the tenant it belongs to (created if new)")
     submit.set_defaults(fn=cmd_jobs_submit)
+    # Not `ftune migrate`: that upgrades the database schema (docker-compose runs it before the API).
+    imports = sub.add_parser(
+        "import-openai",
+        help="copy fine-tuning files and job definitions from OpenAI (or any OpenAI-compatible API)",
+        description="Copies every file (by id, with its purpose) and job definition (method, "
+        "hyperparameters, suffix, seed, files) into ftune, each job on the local base model --model maps its "
+        "base to. Keys come from the environment and are never stored. A rerun skips what was copied; the "
+        "end report lists what was not moved and why.",
+    )
+    add_import_arguments(imports)
+    imports.set_defaults(fn=cmd_import_openai)
     models = sub.add_parser("models", help="base models").add_subparsers(dest="models_command", required=True)
     demo = models.add_parser("build-demo", help="build the small local demo model")
     demo.add_argument("--force", action="store_true")

@@ -18,7 +18,6 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-import api.openai.files as openai_files
 import api.routes.datasets as datasets_routes
 import models.submission as submission
 import models.token_stats as token_stats
@@ -257,8 +256,7 @@ class SlowUploads:
                     await anyio.sleep(0.02)
             return await real(*args)
 
-        monkeypatch.setattr(datasets_routes, "receive_and_validate", slow)
-        monkeypatch.setattr(openai_files, "receive_and_validate", slow)
+        monkeypatch.setattr(datasets_routes, "receive_and_validate", slow)  # /v1/files' uploads too
 
     def start(self, client: TestClient, n: int) -> list[Started]:
         post = lambda: client.post("/datasets", files={"file": ("a.jsonl", ALPACA)})  # noqa: E731
