@@ -3,6 +3,7 @@ built from settings by create_app, and by the CLI for its submission)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.pulls import HubPulls
 from api.queue import broker_publishers, redis_ping
 from api.ratelimit import RateLimiter
+from api.watch import JobWatch
 from core.catalog import Catalog
 from core.settings import Settings
 from core.spec import JobSpec
@@ -50,6 +52,10 @@ class Services:
     chats: TenantGate = field(init=False)  # the engine is shared: a tenant's chat completions at once
     grader_runs: TenantGate = field(init=False)  # /v1 graders/run: sandbox children, judge requests
     pulls: HubPulls = field(init=False)  # POST /models/pull: this process's Hub pulls and their progress
+    # Event streams (api/sse.py): a tenant's open at once, counted in this process (each holds one of its
+    # connections and tasks), and the one poller of the jobs they follow.
+    streams: TenantGate = field(init=False)
+    watch: JobWatch = field(init=False)
 
     def __post_init__(self) -> None:
         self.placer = Placer(self.catalog)
@@ -76,6 +82,15 @@ class Services:
             fleet=self.fleet,
             retry_after=1,
         )
+        # A slot frees when a stream ends; a stream whose client went is noticed at its next write at the
+        # latest (a keep-alive), so after that long the tenant's slots are its live streams.
+        self.streams = TenantGate(
+            what="event streams",
+            code="too_many_streams",
+            per_tenant=self.settings.sse_max_streams_per_tenant,
+            retry_after=math.ceil(self.settings.sse_keepalive_seconds),
+        )
+        self.watch = JobWatch(self.sessions, self.settings.sse_poll_seconds)
 
     @classmethod
     def from_settings(

@@ -7,17 +7,25 @@ Wire format (https://html.spec.whatwg.org/multipage/server-sent-events.html):
     event: end / data: {"status": ...}  last, once the job is terminal and every event was sent
 
 The explicit "end" lets an EventSource client close() instead of reconnecting to a finished job.
+
+A stream reads the database only when its job changed: the process's one poller (api/watch.py) tells it,
+so an idle stream costs no query. A tenant has at most sse_max_streams_per_tenant streams open at once in
+a process (Services.streams: 429 `too_many_streams` past it); a stream's slot is freed when it ends,
+however it ends (HeldStream): its job finished, its client went away, an error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from api.deps import Services
 from api.schemas import event_out
@@ -27,6 +35,20 @@ from models.tables import Job
 
 BATCH = 200
 RETRY_MS = 2000
+
+
+class HeldStream(StreamingResponse):
+    """A stream that runs `finish` when it ends, however it ends (done, client gone, error)."""
+
+    def __init__(self, *args: Any, finish: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.finish = finish
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.finish()
 
 
 def frame(data: Any, *, id_: int | None = None, event: str | None = None) -> str:
@@ -56,21 +78,48 @@ def _poll(services: Services, job_id: str, after: int) -> tuple[list[str], int, 
 async def event_stream(
     services: Services, job_id: str, after: int, is_disconnected: Callable[[], Awaitable[bool]]
 ) -> AsyncIterator[str]:
-    settings = services.settings
+    keepalive = services.settings.sse_keepalive_seconds
     yield f"retry: {RETRY_MS}\n\n"
     last_sent = time.monotonic()
-    while True:
-        frames, after, done = await run_in_threadpool(_poll, services, job_id, after)
-        for f in frames:
-            yield f
-        if frames:
-            last_sent = time.monotonic()
-        if done:
-            yield frame({"status": done}, event="end")
-            return
-        if await is_disconnected():
-            return
-        if time.monotonic() - last_sent >= settings.sse_keepalive_seconds:
-            yield ": keep-alive\n\n"
-            last_sent = time.monotonic()
-        await asyncio.sleep(settings.sse_poll_seconds)
+    with services.watch.following(job_id) as watch:
+        while True:
+            changed = watch.next_change(job_id)  # taken before the read: a change after it is not missed
+            frames, after, done = await run_in_threadpool(_poll, services, job_id, after)
+            for f in frames:
+                yield f
+            if frames:
+                last_sent = time.monotonic()
+            if done:
+                yield frame({"status": done}, event="end")
+                return
+            if await is_disconnected():
+                return
+            if time.monotonic() - last_sent >= keepalive:
+                yield ": keep-alive\n\n"
+                last_sent = time.monotonic()
+            if len(frames) < BATCH:  # else more are waiting: read on at once
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), last_sent + keepalive - time.monotonic())
+
+
+def open_stream(
+    services: Services,
+    tenant_id: str,
+    job_id: str,
+    after: int,
+    is_disconnected: Callable[[], Awaitable[bool]],
+) -> HeldStream:
+    """The job's events after `after` as a response that holds one of the tenant's stream slots until it
+    ends; RateLimited `too_many_streams` (429) when the tenant has none left."""
+    release = services.streams.take(tenant_id)
+
+    async def finish() -> None:
+        release()
+
+    return HeldStream(
+        event_stream(services, job_id, after, is_disconnected),
+        media_type="text/event-stream",
+        # no-transform/X-Accel-Buffering: proxies must not buffer or compress a live stream.
+        headers={"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"},
+        finish=finish,
+    )

@@ -1,64 +1,87 @@
-"""ftune's engine against TRL's SFTTrainer on one GPU: the same model, data, LoRA, batch, precision and
-gradient checkpointing, each run in a process of its own.
+"""ftune's engine against TRL's SFTTrainer (as configured by default and at its documented fastest) and
+Unsloth on one GPU: the same model, data, LoRA or QLoRA, batch, precision and gradient checkpointing, each
+run in a process of its own.
 
-    python3 bench/gpu_vs_trl.py [--steps 30] [--checkpointing] [--compiled-fused] [--eager-layers]
-                                [--keep DIR] [--models DIR] [--json-out FILE]
+    python3 bench/gpu_vs_trl.py [--steps 30] [--warmup 3] [--checkpointing] [--qlora] [--runs A,B,...]
+                                [--compiled-fused] [--eager-layers] [--keep DIR] [--models DIR]
+                                [--json-out FILE]
 
 Builds (bench/sft_job.py) a ~1.1B-parameter Llama-shaped model (bench/gpu_check.py's shape and name: random
 weights, the demo tokenizer, no download; --models reuses one gpu_check.py built) and 2,000 chat rows (a
-user turn and an assistant reply, lognormal lengths, median ~120 words) as JSONL, then trains four runs of
-N steps:
+user turn and an assistant reply, lognormal lengths, median ~120 words) as JSONL, then trains these runs
+of N steps (--runs: which, in that order; by default all but the A/B rows, which their flags add after
+the first two runs):
 
-  ftune packed    the real engine: a RunConfig and `python -m training.run run.json` (through this file's
-  ftune padded    --ftune-entry, which reads the CUDA allocator's peaks in the training process after it);
-                  its decoder layers compiled for the training step where the engine compiles them
-                  (training.compiled: on CUDA, here without checkpointing)
-  trl packed      TRL's SFTTrainer (bench/trl_reference.py), packing=True (best-fit decreasing, padding-free)
-  trl padded      TRL's SFTTrainer, padded micro-batches (transformers' length-grouped sampler, where it has
-                  one: ftune's padded batches are length-grouped too)
-  ftune eager     with --eager-layers, after the packed pair: ftune packed with its layers run eagerly
-                  (RunConfig.compile_layers false: the worker's FTUNE_COMPILE_LAYERS=false)
-  ftune jit       with --compiled-fused, after the packed pair: ftune eager, with the engine's fused
-                  norms, gates and rotary embeddings compiled (training.fused, jit=True), not run eagerly
-                  Each is an A/B for the engine's default on CUDA. No run's first step (where the layers
-                  compile) is timed; below the table, what torch.compile made in each ftune run that
-                  compiled (graphs, recompiles, graph breaks)
+  ftune packed      the real engine: a RunConfig and `python -m training.run run.json` (through this
+  ftune padded      file's --ftune-entry, which reads the CUDA allocator's peaks in the training process
+                    after it); its decoder layers compiled for the training step where the engine
+                    compiles them (training.compiled: on CUDA, LoRA on unquantized weights, no
+                    checkpointing)
+  trl packed        TRL's SFTTrainer as configured by default for the job (bench/trl_reference.py):
+                    packing=True (BFD, padding-free), SDPA, LoRA weights fp32 (peft's default)
+  trl fastest       TRL at its documented fastest: packing=True, padding_free=True, use_liger_kernel=True,
+                    torch_compile=True, bf16=True, and the best padding-free attention installed
+                    (flash_attention_3/2, kernels-community/flash-attn2, else flex_attention, else SDPA);
+                    each component only where it imports, and the row says what it used and why not
+  trl fastest bf16  the same with the LoRA weights in bf16 (a PeftModel built with
+                    autocast_adapter_dtype=False: TRL's way to have them; QLoRA's are bf16 in any row)
+  trl fastest sdpa  trl fastest with SDPA (transformers' block mask from position_ids), in case the
+                    varlen attention it picked fails or is slower
+  unsloth           Unsloth's FastLanguageModel + its patched SFTTrainer, packed and padding-free
+                    (`unavailable: <reason>` where it does not import: see trl_reference)
+  trl padded        TRL's SFTTrainer, padded micro-batches (transformers' length-grouped sampler, where it
+                    has one: ftune's padded batches are length-grouped too)
+  ftune eager       with --eager-layers, after the first two runs: ftune packed with its layers run
+                    eagerly (RunConfig.compile_layers false: the worker's FTUNE_COMPILE_LAYERS=false)
+  ftune jit         with --compiled-fused: ftune eager, with the engine's fused norms, gates and rotary
+                    embeddings compiled (training.fused, jit=True), not run eagerly
 
-Both sides: LoRA r16 alpha 32 dropout 0 on all linear layers; base weights bf16 under bf16 autocast (the
-LoRA weights fp32, peft's and ftune's default); micro-batch 8 x max_seq_len 1024 (packed: 8 rows of up to
-1024 tokens, one flat row of up to 8192 tokens on both sides); AdamW (torch), lr 1e-4 decaying linearly,
-no warmup, gradients clipped at 1.0; gradient checkpointing off (--checkpointing: on, non-reentrant, on
-both sides); attention SDPA (--attn). TRL trains the very token ids and labels ftune does: the rows are
+Below the table, each row's exact configuration (the opponent's SFTConfig fields as set, the components it
+used with their versions, and those it asked for and could not use, with the reason), then what
+torch.compile made in each run that compiled (graphs, recompiles, graph breaks).
+
+Both sides: LoRA r16 alpha 32 dropout 0 on all linear layers (--qlora: on an nf4 4-bit base with double
+quantisation, compute in bf16, on both sides); base weights bf16 under bf16 autocast; micro-batch 8 x
+max_seq_len 1024 (packed: 8 rows of up to 1024 tokens, one flat row of up to 8192 tokens on both sides);
+AdamW (torch), lr 1e-4 decaying linearly, no warmup, gradients clipped at 1.0; gradient checkpointing off
+(--checkpointing: on, non-reentrant, on both sides; Unsloth's own "unsloth" mode); attention SDPA (--attn)
+unless a row picks its own. Every side trains the very token ids and labels ftune does: the rows are
 tokenized once by ftune's own code (training.data.load_for_training: chat template, loss on the reply)
-and handed to TRL pre-tokenized (input_ids + labels), which it then packs or pads itself.
+and handed to the opponent pre-tokenized (input_ids + labels), which it then packs or pads itself.
 
-Measured per run over steps 2..N (step 1, the warmup, is left out):
+Measured per run over steps W+1..N (W = --warmup, 3 on a GPU: a compiled run's first steps compile, and an
+opponent's whole-model compile may compile again for the second shape it sees; an opponent's later step in
+which torch.compile made a graph is left out too, and counted):
   tok/s    real input tokens (padding never counted) per second of step time. ftune: its StepRecords
            (`tokens`; the step seconds summed in `elapsed_s`: each step is timed around training.step's
-           train_step, which waits for the device when it reads the loss and the gradient norm). TRL: a
-           TrainerCallback that calls torch.cuda.synchronize() at on_step_begin and on_step_end and
-           times what lies between; the tokens of each micro-batch counted as it enters training_step
-           (attention_mask.sum(); a padding-free row carries no padding: its length). "loop tok/s" (TRL):
-           over the whole loop from the end of step 1 to the end of step N, data loading and logging
+           train_step, which waits for the device when it reads the loss and the gradient norm). TRL and
+           Unsloth: a TrainerCallback that calls torch.cuda.synchronize() at on_step_begin and on_step_end
+           and times what lies between; the tokens of each micro-batch counted as it enters training_step
+           (attention_mask.sum(); a padding-free row carries no padding: its length). "loop tok/s": over the
+           whole loop from the end of step W to the end of step N, data loading, logging and compiling
            included.
-  MFU      6 x total parameters x tok/s / the GPU's dense bf16 peak (core.planner.gpus): the usual estimate,
-           a little high for LoRA (frozen weights get no weight gradients), attention FLOPs not counted.
+  MFU      two counts (bench/flops.py, where the formulas and their sources are): "MFU LoRA" = (4 N_mm +
+           6 N_lora + 3 x causal attention's forward) x tok/s / the GPU's dense bf16 peak
+           (core.planner.gpus), N_mm the blocks' linears and the output layer, attention over each
+           example's own length; "MFU 6N" = 6 x every parameter x tok/s / peak, as in earlier tables.
   memory   torch.cuda.max_memory_allocated / max_memory_reserved in the training process, after training.
-  loss     the last step's loss (the same data and lr: the four should be close, not equal: different
-           batches).
+  loss     the last step's loss. "check": whether the run trains as the reference does (TRL's default
+           packed row, else ftune's; the padded rows against the padded ones): first loss within 2%, mean
+           of the last 5 within 3%, and from 10 steps on a drop of at least 5% from the first. "TRL best"
+           and "Unsloth best" are their fastest rows that pass; ftune's best likewise.
 
 Attention under packing: ftune makes one attention call per layer for the whole packed batch
-(training.packing: torch's varlen flash attention on CUDA). TRL's padding-free row
-has no attention_mask, only position_ids that restart per example; under SDPA transformers 5 builds a
+(training.packing: torch's varlen flash attention on CUDA). TRL's padding-free rows have no
+attention_mask, only position_ids that restart per example; under SDPA transformers 5 builds a
 block-diagonal mask from them (masking_utils.find_packed_sequence_indices, used when no KV cache is
-made: SFTTrainer passes use_cache=False): correct, but a T x T masked SDPA over the whole 8192-token
-row. TRL's docs name FlashAttention for padding-free; flash-attn is not needed for correctness, and
-`--attn flash_attention_2` runs both sides with it where it is installed.
+made: SFTTrainer passes use_cache=False): correct, but a T x T masked SDPA over the whole 8192-token row;
+under flex_attention the same mask is block-sparse. TRL's docs name FlashAttention for padding-free:
+flash-attn has no wheel on PyPI, and the GPU machines can neither build nor download it.
 
 Each run has a timeout (--run-timeout) and all runs a budget (--budget), so a stuck run cannot eat the
-time of the others. Without CUDA, or with --smoke, the same four runs train a tiny model on 40 rows for 3
-steps in fp32, all four at once (one thread each; ftune's CPU memory profiling off): a test of this script
-(tests/e2e/test_gpu_vs_trl.py), not a measurement.
+time of the others. Without CUDA, or with --smoke, the same runs train a tiny model on 40 rows for 3
+steps in fp32, all at once (one thread each; ftune's CPU memory profiling off; Liger and torch_compile
+skipped, each with its reason): a test of this script (tests/e2e/test_gpu_vs_trl.py), not a measurement.
 """
 
 from __future__ import annotations
@@ -72,16 +95,34 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+import flops  # noqa: E402  # both MFU counts
 import gpu_check  # noqa: E402  # its GPU lookup
-from sft_job import Setup, build_model, gpu_setup, job_spec, prepare_engine, smoke_setup, write_rows  # noqa: E402
-from trl_reference import cuda_peaks, outcome, speed, trl_entry, trl_row  # noqa: E402  # TRL's side
+from sft_job import (  # noqa: E402
+    Setup,
+    build_model,
+    gpu_setup,
+    job_spec,
+    prepare_engine,
+    sequence_lengths,
+    smoke_setup,
+    write_rows,
+)
+from trl_reference import (  # noqa: E402  # the opponents' side
+    Variant,
+    compile_counts,
+    cuda_peaks,
+    outcome,
+    speed,
+    trl_entry,
+    trl_row,
+)
 
 # -- the processes that train --------------------------------------------------------------------------------
 
@@ -99,27 +140,15 @@ def ftune_entry(run_json: str, compiled: str = "") -> int:
     return code
 
 
-def compile_counts() -> dict[str, Any]:
-    """What torch.compile made in this process: graphs, recompiles and graph breaks (with their first
-    reasons): a compiled run's speed means little if its graphs broke or compiled again per batch."""
-    from torch._dynamo.utils import counters
-
-    breaks = counters["graph_break"]
-    return {
-        "graphs": counters["stats"]["unique_graphs"],
-        "recompiles": sum(counters["recompiles"].values()),
-        "graph_breaks": sum(breaks.values()),
-        "break_reasons": [reason.splitlines()[0][:200] for reason in list(breaks)[:3]],
-    }
-
-
 class Process:
     """A training process in a session of its own, its output to `log_path`. Its session is killed
     whole on a timeout, and when this process gets SIGTERM (see `main`)."""
 
     live: set[Process] = set()
 
-    def __init__(self, cmd: list[str], log_path: Path, threads: int | None = None) -> None:
+    def __init__(
+        self, cmd: list[str], log_path: Path, threads: int | None = None, site: str | None = None
+    ) -> None:
         env = {
             **os.environ,
             "HF_HUB_OFFLINE": "1",
@@ -129,6 +158,8 @@ class Process:
         }
         if threads:  # processes side by side on a few cores: spinning OpenMP threads would fight
             env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        if site:  # packages for this run alone, ahead of the rest (Unsloth's pinned TRL and datasets)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
         self.start = time.perf_counter()
         with log_path.open("w") as log:
             self.proc = subprocess.Popen(
@@ -159,24 +190,61 @@ class Process:
 @dataclass(frozen=True)
 class Run:
     name: str
-    engine: str  # "ftune" | "trl"
+    engine: str  # "ftune" | "trl" | "unsloth"
     packing: bool
     # ftune: what this bench compiles in its engine: "fused" (--compiled-fused; sft_job.prepare_engine)
     compiled: str = ""
     compile_layers: bool = True  # RunConfig.compile_layers (--eager-layers: false)
+    variant: Variant = field(default_factory=Variant)  # the opponent's (trl_reference.Variant)
 
     @property
     def dir_name(self) -> str:
         return self.name.replace(" ", "-")
 
 
-# The pairs first: a budget that runs out still leaves a comparison.
-RUNS = (Run("ftune packed", "ftune", True), Run("trl packed", "trl", True),
-        Run("ftune padded", "ftune", False), Run("trl padded", "trl", False))  # fmt: skip
-EXTRA = {
-    "eager": Run("ftune eager", "ftune", True, compile_layers=False),
-    "fused": Run("ftune jit", "ftune", True, "fused", compile_layers=False),
+FASTEST = Variant(liger=True, compile=True, attn="varlen")
+CATALOG = {
+    r.name: r
+    for r in (
+        Run("ftune packed", "ftune", True),
+        Run("trl packed", "trl", True),
+        Run("trl fastest", "trl", True, variant=FASTEST),
+        Run("trl fastest bf16", "trl", True, variant=replace(FASTEST, lora_bf16=True)),
+        Run("trl fastest sdpa", "trl", True, variant=replace(FASTEST, attn="sdpa")),
+        Run("unsloth", "unsloth", True, variant=Variant(unsloth=True)),
+        Run("ftune eager", "ftune", True, compile_layers=False),
+        Run("ftune jit", "ftune", True, "fused", compile_layers=False),
+        Run("ftune padded", "ftune", False),
+        Run("trl padded", "trl", False),
+    )
 }
+# The pairs first: a budget that runs out still leaves a comparison.
+DEFAULT_RUNS = ("ftune packed", "trl packed", "trl fastest", "trl fastest bf16", "unsloth", "ftune padded",
+                "trl padded")  # fmt: skip
+NAME_WIDTH = max(len(name) for name in CATALOG)
+
+
+def runs_asked(names: str | None, eager_layers: bool, compiled_fused: bool) -> list[Run]:
+    """The runs in order: --runs (comma-separated names of CATALOG) or DEFAULT_RUNS, with the A/B rows of
+    --eager-layers and --compiled-fused after the first two where not named already."""
+    chosen = [n.strip() for n in names.split(",") if n.strip()] if names else list(DEFAULT_RUNS)
+    unknown = [n for n in chosen if n not in CATALOG]
+    if unknown:
+        raise SystemExit(f"gpu_vs_trl: unknown runs {unknown}; known: {', '.join(CATALOG)}")
+    extra = [n for n, on in (("ftune eager", eager_layers), ("ftune jit", compiled_fused)) if on]
+    extra = [n for n in extra if n not in chosen]
+    return [CATALOG[n] for n in [*chosen[:2], *extra, *chosen[2:]]]
+
+
+def same_as_ran(run: Run, rows: list[dict]) -> str | None:
+    """Why `run` need not run: "trl fastest sdpa" is "trl fastest" again where that one picked SDPA (no
+    varlen kernel here); None otherwise."""
+    if run.name != "trl fastest sdpa":
+        return None
+    fastest = next((r for r in rows if r["run"] == "trl fastest" and r["exit"] == 0), None)
+    if fastest and str(fastest.get("attn", "")).startswith("sdpa"):
+        return "the same as trl fastest, which ran with SDPA"
+    return None
 
 
 def start_run(run: Run, setup: Setup, model: Path, data: Path, work: Path) -> Process:
@@ -186,6 +254,7 @@ def start_run(run: Run, setup: Setup, model: Path, data: Path, work: Path) -> Pr
     out = work / run.dir_name
     out.mkdir(parents=True, exist_ok=True)
     spec = job_spec(setup, run.packing, model.name)
+    site = None
     if run.engine == "ftune":
         config = RunConfig(
             job_id=run.dir_name, spec=spec, model_dir=str(model), dataset_path=str(data), output_dir=str(out),
@@ -203,24 +272,31 @@ def start_run(run: Run, setup: Setup, model: Path, data: Path, work: Path) -> Pr
             "model_dir": str(model),
             "dataset_path": str(data),
             "output_dir": str(out),
+            "variant": run.variant.as_json(),
         }
         (out / "job.json").write_text(json.dumps(job))
         entry = ["--trl-entry", str(out / "job.json")]
+        if run.engine == "unsloth":
+            site = os.environ.get("UNSLOTH_SITE")  # bench/gpu_session.sh: Unsloth and its pinned TRL
     cmd = [sys.executable, str(Path(__file__).resolve()), *entry]
-    return Process(cmd, out / "log.txt", threads=1 if setup.smoke else None)
+    return Process(cmd, out / "log.txt", threads=1 if setup.smoke else None, site=site)
 
 
-def collect(run: Run, setup: Setup, code: int | None, wall: float, work: Path) -> dict:
+def collect(run: Run, setup: Setup, code: int | None, wall: float, work: Path, warmup: int) -> dict:
     """The run's row of the table, from what its process left in its directory."""
     out = work / run.dir_name
-    row = _row(run, code, wall, out)
-    return row | (_ftune_row(out, setup, run.packing) if run.engine == "ftune" else trl_row(out, run.packing))
+    if run.engine == "ftune":
+        found = _ftune_row(out, setup, run.packing, warmup)
+    else:
+        found = trl_row(out, run.packing, warmup)
+    row = _row(run, code, wall, out, unavailable="unavailable" in found)
+    return row | found
 
 
-def _ftune_row(out: Path, setup: Setup, packing: bool) -> dict:
+def _ftune_row(out: Path, setup: Setup, packing: bool, warmup: int) -> dict:
     from core.run_protocol import StartRecord, StepRecord, read_error, read_records
 
-    every = read_records(out / "metrics.jsonl")
+    every = read_records(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
     records = [r for r in every if isinstance(r, StepRecord)]
     start = next((r for r in every if isinstance(r, StartRecord)), None)
     peaks = json.loads((out / "cuda_peaks.json").read_text()) if (out / "cuda_peaks.json").exists() else {}
@@ -228,12 +304,13 @@ def _ftune_row(out: Path, setup: Setup, packing: bool) -> dict:
         "attn": "ftune_packed (varlen, one call a layer)" if packing and setup.attn == "sdpa" else setup.attn,
         "trainable_params": start.trainable_params if start else None,
         "plan_peak_bytes": start.predicted_peak_bytes if start else None,  # the planner's, for reference
-        **outcome(len(records), [r.loss for r in records], peaks),
+        "plan_reserved_bytes": start.predicted_reserved_bytes if start else None,
+        **outcome(len(records), [r.loss for r in records if r.loss is not None], peaks),
     }
     if "compiled" in peaks:
         row["compiled"] = peaks["compiled"]
-    timed = [r for r in records if r.step >= 2]
-    first = next((r for r in records if r.step == 1), None)
+    timed = [r for r in records if r.step > warmup]
+    first = next((r for r in records if r.step == warmup), None)
     if timed and first is not None:  # elapsed_s: the steps' seconds summed (training.recipe)
         row |= speed(sum(r.tokens for r in timed), None, timed[-1].elapsed_s - first.elapsed_s, len(timed))
     err = read_error(out / "error.json")
@@ -242,16 +319,71 @@ def _ftune_row(out: Path, setup: Setup, packing: bool) -> dict:
     return row
 
 
-def _row(run: Run, code: int | None, wall: float, out: Path) -> dict:
+def _row(run: Run, code: int | None, wall: float, out: Path, unavailable: bool = False) -> dict:
     row: dict[str, Any] = {
         "run": run.name, "engine": run.engine, "packing": run.packing, "exit": code, "wall_s": round(wall, 1),
     }  # fmt: skip
-    if code != 0:
+    if unavailable:  # the opponent did not import here: not a failure of this bench
+        row["exit"] = None
+    elif code != 0:
         log = (out / "log.txt").read_text(errors="replace").splitlines() if (out / "log.txt").exists() else []
         row["log_tail"] = log[-25:]
         if code is None:
             row["error"] = f"timed out after {wall:.0f} s"
     return row
+
+
+# -- does each run train as the reference does? --------------------------------------------------------------
+
+FIRST_TOLERANCE, LAST_TOLERANCE, MIN_DROP, LAST_N = 0.02, 0.03, 0.05, 5
+
+
+def check_losses(rows: list[dict]) -> None:
+    """Set each row's `loss_check`: "reference", "ok", "mismatch: ..." or None (nothing to compare). The
+    reference of the packed rows is TRL's default packed row where it trained, else ftune's; of the padded
+    rows, TRL's padded row, else ftune's. Same data, init and lr, different batches across engines: the
+    losses agree to about 0.5% (2026-11-28: 8.680 vs 8.648 at step 1, 6.851 vs 6.875 at step 30)."""
+    for packing in (True, False):
+        mine = [r for r in rows if r["packing"] == packing]
+        done = {r["run"]: r for r in mine if r["exit"] == 0 and r.get("losses")}
+        order = ("trl packed", "ftune packed") if packing else ("trl padded", "ftune padded")
+        ref = next((done[n] for n in order if n in done), None)
+        for r in mine:
+            if r is ref:
+                r["loss_check"] = "reference"
+            elif ref is None or r["run"] not in done:
+                r["loss_check"] = None
+            else:
+                r["loss_check"] = _compare(r["losses"], ref["losses"], ref["run"])
+
+
+def _compare(losses: list[float], ref: list[float], ref_name: str) -> str:
+    def tail(values: list[float]) -> float:
+        return sum(values[-LAST_N:]) / len(values[-LAST_N:])
+
+    first = abs(losses[0] - ref[0]) / abs(ref[0])
+    last = abs(tail(losses) - tail(ref)) / abs(tail(ref))
+    bad = []
+    if first > FIRST_TOLERANCE:
+        bad.append(f"first loss {losses[0]:.4f} vs {ref[0]:.4f} ({first:.1%})")
+    if last > LAST_TOLERANCE:
+        bad.append(f"last-{LAST_N} mean {tail(losses):.4f} vs {tail(ref):.4f} ({last:.1%})")
+    if len(losses) >= 10 and tail(losses) > losses[0] * (1 - MIN_DROP):
+        bad.append(f"no drop: {losses[0]:.4f} -> {tail(losses):.4f}")
+    return f"mismatch with {ref_name}: " + "; ".join(bad) if bad else "ok"
+
+
+def best(rows: list[dict], engine: str) -> dict | None:
+    """The engine's fastest row that ran and does not train differently from the reference."""
+    done = [
+        r
+        for r in rows
+        if r["engine"] == engine
+        and r["exit"] == 0
+        and r.get("tokens_per_s")
+        and not str(r.get("loss_check") or "").startswith("mismatch")
+    ]
+    return max(done, key=lambda r: r["tokens_per_s"]) if done else None
 
 
 # -- the table -----------------------------------------------------------------------------------------------
@@ -270,10 +402,50 @@ def _fmt(value: float | None, spec: str) -> str:
     return format(value, spec) if value is not None else "-".rjust(int(spec.split(".")[0]))
 
 
-def print_table(rows: list[dict]) -> None:
+def _check_cell(check: str | None) -> str:
+    if check is None:
+        return "-"
+    return {"reference": "ref", "ok": "ok"}.get(check, "BAD")
+
+
+def describe(row: dict, setup: Setup) -> str:
+    """What the row ran, exactly: ftune's RunConfig switches, or the opponent's SFTConfig as set, what it
+    used (with versions) and what it asked for and could not use (with the reason)."""
+    if row.get("unavailable"):
+        return f"unavailable: {row['unavailable']}"
+    if row.get("skipped"):
+        return str(row.get("error"))
+    if row["engine"] == "ftune":
+        run = CATALOG.get(row["run"])
+        layers = "decoder layers compiled where the engine compiles them" if run and run.compile_layers else (
+            "decoder layers eager (compile_layers false)")  # fmt: skip
+        fused = "; fused functions compiled (training.fused jit)" if run and run.compiled == "fused" else ""
+        return (f"training.run, method {setup.method}, packing {row['packing']}, gradient checkpointing "
+                f"{setup.checkpointing}, LoRA weights fp32, {layers}{fused}; "
+                f"attention {row.get('attn')}")  # fmt: skip
+    opp = row.get("opponent") or {}
+    config = opp.get("config") or {}
+    if not config:
+        return "did not get as far as its trainer"
+    cfg = ", ".join(f"{k}={v!r}" for k, v in config.items())
+    parts = [f"SFTConfig({cfg})", f"attn_implementation {row.get('attn')}",
+             f"LoRA weights {'/'.join(row.get('lora_dtypes') or ['?'])}"]  # fmt: skip
+    used = opp.get("used") or {}
+    if used:
+        parts.append("used: " + ", ".join(f"{k} {v}" for k, v in used.items()))
+    if opp.get("notes"):
+        parts.append("not used: " + "; ".join(opp["notes"]))
+    versions = opp.get("versions") or {}
+    parts.append(", ".join(f"{k} {v}" for k, v in versions.items() if v))
+    return "; ".join(parts)
+
+
+def print_table(rows: list[dict], setup: Setup) -> None:
+    w = NAME_WIDTH
     print(
-        f"{'run':14} {'exit':>4} {'steps':>5} {'tok/s':>8} {'loop tok/s':>10} {'ms/step':>8} {'tok/step':>8} "
-        f"{'pad':>5} {'alloc GiB':>9} {'resv GiB':>8} {'MFU':>6} {'loss':>7}  attention"
+        f"{'run':{w}} {'exit':>4} {'steps':>5} {'tok/s':>8} {'loop tok/s':>10} {'ms/step':>8} "
+        f"{'tok/step':>8} {'pad':>5} {'alloc GiB':>9} {'resv GiB':>8} {'MFU 6N':>6} {'MFU LoRA':>8} "
+        f"{'loss':>7} {'check':>5}  attention"
     )
     for r in rows:
         gib = {k: (r[k] / 2**30 if r.get(k) else None) for k in ("max_allocated_bytes", "max_reserved_bytes")}
@@ -285,23 +457,30 @@ def print_table(rows: list[dict]) -> None:
             _fmt(r.get("padding_share"), "5.0%"),
             _fmt(gib["max_allocated_bytes"], "9.2f"),
             _fmt(gib["max_reserved_bytes"], "8.2f"),
-            _fmt(r.get("mfu"), "6.1%"),
+            _fmt(r.get("mfu_6n"), "6.1%"),
+            _fmt(r.get("mfu_lora"), "8.1%"),
             _fmt(r.get("final_loss"), "7.4f"),
+            f"{_check_cell(r.get('loss_check')):>5}",
         ]
         code = str(r["exit"]) if r["exit"] is not None else "skip" if r.get("skipped") else "T/O"
-        print(f"{r['run']:14} {code:>4} {r.get('steps_done', 0):>5} {' '.join(cells)}  {r.get('attn', '-')}")
-        if r.get("error"):
-            print(f"{'':14} error: {r['error']}")
-    for r in rows:  # below the table, whose rows a reader (and the smoke test) takes line by line
+        print(f"{r['run']:{w}} {code:>4} {r.get('steps_done', 0):>5} {' '.join(cells)}  {r.get('attn', '-')}")
+    # below the table, whose rows a reader (and the smoke test) takes line by line
+    print("\nwhat each row ran:")
+    for r in rows:
+        print(f"  {r['run']}: {describe(r, setup)}")
+        if r.get("error") and not r.get("skipped"):
+            print(f"  {r['run']}: error: {r['error']}")
+        for line in (r.get("log_tail") or [])[-4:]:  # a failed run's last lines (all 25: the JSON)
+            print(f"  {r['run']}: | {line[:300]}")
+        if str(r.get("loss_check") or "").startswith("mismatch"):
+            print(f"  {r['run']}: loss {r['loss_check']}")
+        if r.get("compile_steps_left_out"):
+            print(f"  {r['run']}: {r['compile_steps_left_out']} step(s) after the warmup compiled: not timed")
+    for r in rows:
         if r.get("compiled"):
             c = r["compiled"]
             print(f"{r['run']}: torch.compile made {c['graphs']} graphs, {c['recompiles']} recompiles, "
                   f"{c['graph_breaks']} graph breaks {c['break_reasons'] or ''}")  # fmt: skip
-
-
-def best(rows: list[dict], engine: str) -> dict | None:
-    done = [r for r in rows if r["engine"] == engine and r["exit"] == 0 and r.get("tokens_per_s")]
-    return max(done, key=lambda r: r["tokens_per_s"]) if done else None
 
 
 # -- main ----------------------------------------------------------------------------------------------------
@@ -310,8 +489,11 @@ def best(rows: list[dict], engine: str) -> dict | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run (GPU; smoke: 3)")
+    parser.add_argument("--warmup", type=int, help="steps not timed (default 3 on a GPU, 1 in the smoke)")
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on, both sides")
+    parser.add_argument("--qlora", action="store_true", help="QLoRA (nf4 4-bit base weights), both sides")
     parser.add_argument("--attn", default="sdpa", choices=["sdpa", "flash_attention_2"])
+    parser.add_argument("--runs", help=f"comma-separated, in order, of: {', '.join(CATALOG)}")
     parser.add_argument("--smoke", action="store_true", help="the tiny CPU run, also where CUDA is present")
     parser.add_argument(
         "--compiled-fused", action="store_true", help="also ftune with its fused functions compiled"
@@ -338,6 +520,7 @@ def main() -> int:
         return ftune_entry(args.ftune_entry, args.compile)
     if args.trl_entry:
         return trl_entry(args.trl_entry)
+    runs = runs_asked(args.runs, args.eager_layers, args.compiled_fused)
 
     import torch
 
@@ -354,11 +537,15 @@ def main() -> int:
         print(
             "gpu_vs_trl: no CUDA device here; running the smoke version (tiny model, 40 rows, 3 steps, fp32)"
         )
+    method = "qlora" if args.qlora else "lora"
     setup = (
-        smoke_setup(args.checkpointing, args.attn)
+        smoke_setup(args.checkpointing, args.attn, method=method)
         if smoke
-        else gpu_setup(args.steps, args.checkpointing, args.attn)
+        else gpu_setup(args.steps, args.checkpointing, args.attn, method)
     )
+    warmup = args.warmup if args.warmup is not None else (1 if smoke else 3)
+    if not 0 < warmup < setup.steps:
+        raise SystemExit(f"gpu_vs_trl: --warmup must leave a timed step of {setup.steps}")
     run_timeout = args.run_timeout or (240.0 if smoke else 150.0)
     work = args.keep or Path(tempfile.mkdtemp(prefix="ftune-gpu-vs-trl-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -367,7 +554,14 @@ def main() -> int:
 
     from core.arch import load_architecture
 
-    params = load_architecture(model).total_params
+    arch = load_architecture(model)
+    spec = job_spec(setup, True, model.name)
+    count = flops.count(
+        arch,
+        sequence_lengths(model, data, spec),
+        arch.lora_params(spec.lora_target_modules, spec.lora_r),
+        max_len=setup.max_seq_len,
+    )
     device, peak = gpu_peak() if cuda and not smoke else ("cpu", None)
     if setup.attn == "flash_attention_2":
         from transformers.utils import is_flash_attn_2_available
@@ -377,17 +571,17 @@ def main() -> int:
             return 2
     print(
         f"gpu_vs_trl: {device} (bf16 peak {peak / 1e12:.0f} TFLOP/s)" if peak else f"gpu_vs_trl: {device}",
-        f"model {model.name} ({params / 1e9:.2f}B parameters), {setup.rows} rows, {setup.steps} steps, "
-        f"micro-batch {setup.micro_batch} x {setup.max_seq_len}, {'bf16' if not smoke else 'fp32'}, "
+        f"model {model.name} ({arch.total_params / 1e9:.2f}B parameters), {setup.rows} rows, {setup.steps} "
+        f"steps, {setup.method}, micro-batch {setup.micro_batch} x {setup.max_seq_len}, "
+        f"{'bf16' if not smoke else 'fp32'}, "
         f"gradient checkpointing {'on' if setup.checkpointing else 'off'}, attention {setup.attn}; "
-        f"timed: steps 2..{setup.steps}; MFU = 6 x parameters x tok/s / bf16 peak",
+        f"timed: steps {warmup + 1}..{setup.steps}",
         flush=True,
     )
-    extra = [EXTRA[m] for m, on in (("eager", args.eager_layers), ("fused", args.compiled_fused)) if on]
-    runs = [*RUNS[:2], *extra, *RUNS[2:]]  # after the packed pair, which a spent budget still leaves
+    print(f"gpu_vs_trl: MFU = FLOPs per real token x tok/s / bf16 peak; {count.describe()}", flush=True)
     if smoke:  # a test of the script, not a measurement: all at once
         procs = [(run, start_run(run, setup, model, data, work)) for run in runs]
-        rows = [collect(run, setup, *proc.wait(run_timeout), work) for run, proc in procs]
+        rows = [collect(run, setup, *proc.wait(run_timeout), work, warmup) for run, proc in procs]
     else:  # one after another: each alone on the GPU
         rows = []
         for run in runs:
@@ -398,47 +592,79 @@ def main() -> int:
                              "skipped": True, "error": why})  # fmt: skip
                 print(f"gpu_vs_trl: {run.name}: skipped (budget spent)", flush=True)
                 continue
+            same = same_as_ran(run, rows)
+            if same:
+                rows.append({"run": run.name, "engine": run.engine, "packing": run.packing, "exit": None,
+                             "skipped": True, "error": same})  # fmt: skip
+                print(f"gpu_vs_trl: {run.name}: skipped ({same})", flush=True)
+                continue
             proc = start_run(run, setup, model, data, work)
-            rows.append(collect(run, setup, *proc.wait(min(run_timeout, left)), work))
+            rows.append(collect(run, setup, *proc.wait(min(run_timeout, left)), work, warmup))
             r = rows[-1]
+            why = f" ({r['error']})" if r.get("error") else ""
             print(f"gpu_vs_trl: {run.name}: exit {r['exit']}, {r.get('tokens_per_s') or 0:.0f} tok/s, "
-                  f"{r['wall_s']} s", flush=True)  # fmt: skip
+                  f"{r['wall_s']} s{why}", flush=True)  # fmt: skip
     for row in rows:
-        if row.get("tokens_per_s") and peak:
-            row["mfu"] = 6 * params * row["tokens_per_s"] / peak
+        row |= count.mfu(row.get("tokens_per_s"), peak)
+    check_losses(rows)
     print()
-    print_table(rows)
-    f, t = best(rows, "ftune"), best(rows, "trl")
-    ratio = f["tokens_per_s"] / t["tokens_per_s"] if f and t else None
-    if f and t:
-        note = "  (smoke: a tiny model on a CPU, all runs at once; not a measurement)" if smoke else ""
+    print_table(rows, setup)
+    bests = {engine: best(rows, engine) for engine in ("ftune", "trl", "unsloth")}
+    opponents = [b for b in (bests["trl"], bests["unsloth"]) if b]
+    opponent = max(opponents, key=lambda r: r["tokens_per_s"]) if opponents else None
+    f = bests["ftune"]
+
+    def ratio(other: dict | None) -> float | None:
+        return f["tokens_per_s"] / other["tokens_per_s"] if f and other else None
+
+    note = "  (smoke: a tiny model on a CPU, all runs at once; not a measurement)" if smoke else ""
+    print()
+    for label, b in (("ftune best", f), ("TRL best", bests["trl"]), ("Unsloth best", bests["unsloth"])):
+        unsloth_row = next((r for r in rows if r["engine"] == "unsloth"), None)
+        if b:
+            mfu = _fmt(b.get("mfu_lora"), "1.1%")
+            print(f"{label}: {b['run']} {b['tokens_per_s']:.0f} tok/s, MFU LoRA {mfu}")
+        elif label == "Unsloth best" and unsloth_row and unsloth_row.get("unavailable"):
+            print(f"{label}: unavailable: {unsloth_row['unavailable']}")
+        else:
+            print(f"{label}: none (no such row ran, or none trained as the reference does)")
+    if f and opponent:
         print(
-            f"\nftune best / TRL best: {f['run']} {f['tokens_per_s']:.0f} tok/s / {t['run']} "
-            f"{t['tokens_per_s']:.0f} tok/s = {ratio:.2f}x{note}"
+            f"ftune best / opponent best: {f['run']} {f['tokens_per_s']:.0f} tok/s / {opponent['run']} "
+            f"{opponent['tokens_per_s']:.0f} tok/s = {ratio(opponent):.2f}x{note}"
         )
     result = {
         "bench": "gpu_vs_trl",
         "smoke": smoke,
         "device": device,
         "bf16_peak_flops": peak,
-        "total_params": params,
+        "total_params": arch.total_params,
+        "method": setup.method,
         "steps": setup.steps,
+        "warmup_steps": warmup,
         "micro_batch": setup.micro_batch,
         "max_seq_len": setup.max_seq_len,
         "rows_in_data": setup.rows,
         "checkpointing": setup.checkpointing,
         "attn": setup.attn,
-        "mfu_formula": "6 * total_params * tokens_per_s / bf16_peak_flops",
+        "flops": count.as_json(),
+        "mfu_formulas": {
+            "mfu_lora": f"({count.as_json()['lora_formula']}) * tokens_per_s / bf16_peak_flops",
+            "mfu_6n": "6 * n_total * tokens_per_s / bf16_peak_flops",
+        },
         "ftune_best": f["run"] if f else None,
-        "trl_best": t["run"] if t else None,
-        "ratio_ftune_best_over_trl_best": ratio,
-        "runs": rows,
+        "trl_best": bests["trl"]["run"] if bests["trl"] else None,
+        "unsloth_best": bests["unsloth"]["run"] if bests["unsloth"] else None,
+        "opponent_best": opponent["run"] if opponent else None,
+        "ratio_ftune_best_over_trl_best": ratio(bests["trl"]),
+        "ratio_ftune_best_over_opponent_best": ratio(opponent),
+        "runs": [r | {"configuration": describe(r, setup)} for r in rows],
     }
-    line = json.dumps(result)
+    line = json.dumps(result, default=str)
     print(line)
     if args.json_out:
         args.json_out.write_text(line + "\n")
-    return 0 if all(r["exit"] == 0 for r in rows) else 1
+    return 0 if all(r["exit"] == 0 for r in rows if not r.get("skipped")) else 1
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The inference engine under 1, 4 and 16 concurrent clients: batched (continuous batching) beside the
-engine before batching (`--sequential`: one request at a time with transformers' generate), in one run.
+engine before batching (`--sequential`: one request at a time, start to end), in one run.
 
     .venv/bin/python bench/inference.py [--clients 1,4,16] [--adapters 3] [--max-tokens 32]
                                         [--requests-per-client 2] [--min-requests 16] [--lone-requests 16]

@@ -7,16 +7,18 @@ per decoding step, side by side, on this machine's device.
 Rows, each the mean of --repeats timed calls after one untimed (compiling) call, all of them sampling the
 same prompts; ms / step is the time per decoding step (a call decodes as many steps as its longest answer):
   transformers alone       the base model, no LoRA, no ftune layers: generate() itself
-  transformers + peft      the base model with peft's LoRA (r16, all linears): TRL's GRPOTrainer's path
-                           without vLLM
+  engine, bare model       the same model decoded by ftune's engine (training.decoding): its loop beside
+                           generate()'s, the same tokens
+  transformers + peft      the base model with peft's LoRA (r16, all linears) decoded by the engine: TRL's
+                           GRPOTrainer's model without vLLM
   engine, fused always     the model as training.recipe builds it on CUDA (LoRA, training.lora_add and
                            training.fused installed), the fused functions on every call (before)
   engine, prompt by prompt the engine sampling one prompt per generate() call, as a step of micro-batch 1
                            did before its prompts were sampled together (before)
   engine                   the engine: a small no-grad call on the modules' own code, all the prompts in
-                           one generate() call (now)
-  engine, static cache     cache="static": on CUDA transformers compiles the decoding step (CUDA graphs);
-                           on a CPU it runs uncompiled unless --compile-cpu
+                           one decoded batch (now)
+  engine, static cache     cache="static": on CUDA the decoding step is compiled as generate() compiles it
+                           (CUDA graphs); on a CPU it runs uncompiled unless --compile-cpu
 On a CPU the model is bench/gpu_check.py's 22 layers at a small width (hidden 128), where a step's time
 is mostly the host's work per module, as when a GPU decodes a 1.1B model for a few sequences; on CUDA
 it is gpu_check's 1.1B model (the one it built in --models, if it did).
@@ -31,6 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
@@ -42,10 +45,11 @@ sys.path.insert(0, str(ROOT))
 from bench.gpu_check import SHAPE, build_model  # noqa: E402
 from bench.gpu_grpo import GRADER, prompts  # noqa: E402
 from core.spec import JobSpec  # noqa: E402
+from tests.training.reference_decoding import generate_batch  # noqa: E402
 from training import fused  # noqa: E402
 from training import model as model_lib  # noqa: E402
 from training.demo import DemoSize, build_demo_model  # noqa: E402
-from training.rollouts import load_for_training, sample  # noqa: E402
+from training.rollouts import _seed, load_for_training, sample, stop_ids  # noqa: E402
 
 CPU_SHAPE = {**SHAPE, "hidden_size": 128, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 352}
 
@@ -134,12 +138,25 @@ def main() -> int:
         config._compile_all_devices = True  # transformers' own switch for compiling on a CPU
         net.generation_config.compile_config = config
 
+    def generated() -> list[Any]:  # transformers' generate() of the same batch, seeded as sample() seeds it
+        stops = stop_ids(tokenizer, bare)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stops)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), precision.autocast():
+            torch.manual_seed(_seed((1, 1), 0))
+            ids = generate_batch(
+                bare, [p.input_ids for p in items], n=args.generations, temperature=1.0,
+                max_new_tokens=args.tokens, stops=stops, pad=pad,
+            )  # fmt: skip
+        rows = [SimpleNamespace(ids=row) for row in ids]
+        return [rows[k : k + args.generations] for k in range(0, len(rows), args.generations)]
+
     def fused_always() -> list[Any]:  # before: the fused functions whatever the call's size
         with mock.patch.object(fused, "NO_GRAD_MIN_TOKENS", 0):
             return run(net)()
 
     rows = [
-        ("transformers alone", run(bare), args.prompts),
+        ("transformers alone", generated, args.prompts),
+        ("engine, bare model", run(bare), args.prompts),
         *([] if args.now else [
             ("transformers + peft", run(with_peft), args.prompts),
             ("engine, fused always (before)", fused_always, args.prompts),

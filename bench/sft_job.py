@@ -32,20 +32,23 @@ class Setup:
     lr: float
     checkpointing: bool
     attn: str
+    method: str = "lora"  # "lora" | "qlora" (--qlora: nf4 4-bit base weights on both sides)
 
     @property
     def cuda_dtype(self) -> str:
         return "float32" if self.smoke else "bfloat16"
 
 
-def gpu_setup(steps: int, checkpointing: bool = False, attn: str = "sdpa") -> Setup:
+def gpu_setup(steps: int, checkpointing: bool = False, attn: str = "sdpa", method: str = "lora") -> Setup:
     """The GPU's: micro-batch 8 x 1024, 2,000 rows of median 120 words."""
-    return Setup(False, steps, 8, 1024, 2000, 120, 1e-4, checkpointing, attn)
+    return Setup(False, steps, 8, 1024, 2000, 120, 1e-4, checkpointing, attn, method)
 
 
-def smoke_setup(checkpointing: bool = False, attn: str = "sdpa", steps: int = 3) -> Setup:
+def smoke_setup(
+    checkpointing: bool = False, attn: str = "sdpa", steps: int = 3, method: str = "lora"
+) -> Setup:
     """A CPU's: a tiny model, micro-batch 4 x 256, 40 rows."""
-    return Setup(True, steps, 4, 256, 40, 30, 1e-4, checkpointing, attn)
+    return Setup(True, steps, 4, 256, 40, 30, 1e-4, checkpointing, attn, method)
 
 
 # -- the model and the data ----------------------------------------------------------------------------------
@@ -92,7 +95,7 @@ def job_spec(setup: Setup, packing: bool, base_model: str):  # -> core.spec.JobS
     return JobSpec(
         base_model=base_model,
         dataset_id=DATASET_ID,
-        method="lora",
+        method=setup.method,
         lora_r=16,
         lora_alpha=32,
         lora_dropout=0.0,
@@ -115,6 +118,17 @@ def job_spec(setup: Setup, packing: bool, base_model: str):  # -> core.spec.JobS
         mixed_precision="auto",  # bf16 autocast on a GPU with bf16, none on a CPU
         attn_implementation=setup.attn,
     )
+
+
+def sequence_lengths(model_dir: Path, data: Path, spec) -> list[int]:
+    """The token length of each training example as ftune tokenizes it (training.data.load_for_training:
+    the very ids both engines of bench/gpu_vs_trl.py train on): the sequences bench/flops.py counts
+    attention over."""
+    from training.data import load_for_training
+    from training.model import load_tokenizer
+
+    items, _, _ = load_for_training(data, load_tokenizer(model_dir), spec)
+    return [len(item.input_ids) for item in items]
 
 
 COMPILE_MODES = ("fused",)

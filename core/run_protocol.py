@@ -92,6 +92,10 @@ class RunConfig(BaseModel):
     # torch.compile the decoder layers' training step where the engine does (training.compiled): the
     # worker's settings.compile_layers
     compile_layers: bool = True
+    # The bytes the job's files may take in output_dir (core.job_files: reserved in its tenant's storage
+    # quota at admission); a checkpoint, the adapter or the merged export that would pass it fails the run
+    # with storage_quota_exceeded. None: no bound (a job admitted before allowances existed).
+    files_allowance_bytes: int | None = None
 
 
 class _Record(BaseModel):

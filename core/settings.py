@@ -110,10 +110,13 @@ class Settings(BaseSettings):
     max_running_jobs_per_tenant: int = Field(default=0, ge=0)
     # How often the worker relays training progress into the database.
     progress_interval_seconds: float = Field(default=1.0, gt=0)
-    # Server-sent events: how often a stream looks for new job events, and the keep-alive comment period
-    # (shorter than the idle timeouts of proxies in between).
+    # Server-sent events: how often the API process looks for new events of the jobs it streams (one query
+    # for all of them), and the keep-alive comment period (shorter than the idle timeouts of proxies).
     sse_poll_seconds: float = Field(default=1.0, gt=0)
     sse_keepalive_seconds: float = Field(default=15.0, gt=0)
+    # Event streams open at once per tenant in an API process (429 `too_many_streams` past it): one
+    # process's streams share one poller (api/watch.py), but each holds a connection and a task.
+    sse_max_streams_per_tenant: int = Field(default=16, ge=1)
     # An OpenAI-compatible inference engine (ftune's `inference.server`, or vLLM with --enable-lora) to which
     # /v1/chat/completions is forwarded; `ftune up` starts ftune's own and sets this. Empty: no chat (503).
     inference_url: str = ""

@@ -6,8 +6,10 @@ unknown fields are refused and every problem is reported at once (pydantic colle
 Bounds are what a sane LoRA/QLoRA job can use, so a typo (lr 2, rank 100000) is a 422 and not a
 worker busy for days or a planner asked about absurd sizes:
 - lora_r <= 512: beyond that an adapter costs about what the full fine-tune does; use method full.
-- max_seq_len <= 131072 (128k tokens), micro_batch_size <= 512, gradient_accumulation_steps <= 1024.
+- max_seq_len <= 131072 (128k tokens), micro_batch_size <= 512, gradient_accumulation_steps <= 1024,
+  examples_per_step <= 524288.
 - epochs <= 100, max_steps <= 1,000,000, warmup_steps <= 100,000.
+- keep_checkpoints <= 100: each is the adapter and its optimizer state; all count in the storage quota.
 - learning_rate in (0, 0.1]: AdamW diverges well below 0.1; LoRA typically uses 1e-5 .. 1e-3.
 - weight_decay <= 1, max_grad_norm <= 1000, lora_dropout < 0.9, num_gpus <= 256.
 - at most 64 target modules; no NaN or infinity anywhere (they are not JSON either).
@@ -111,6 +113,16 @@ class JobSpec(BaseModel):
     max_steps: int | None = Field(None, ge=1, le=1_000_000, description="Overrides epochs when set.")
     micro_batch_size: int = Field(4, ge=1, le=512)
     gradient_accumulation_steps: int = Field(1, ge=1, le=1024)
+    examples_per_step: int | None = Field(
+        None,
+        ge=1,
+        le=512 * 1024,
+        description="Examples (dpo: pairs; grpo: prompts) in every optimizer step, however packing fills "
+        "rows: a step's examples are packed, cut into micro-batches of micro_batch_size rows and dealt to "
+        "the GPUs, as many micro-batches as they fill (gradient_accumulation_steps then forms no step). "
+        "null: a step is micro_batch_size x gradient_accumulation_steps x num_gpus rows (packed: rows of "
+        "many examples). /v1's batch_size sets it.",
+    )
     max_seq_len: int = Field(512, ge=8, le=131_072)
     over_length: OverLength = Field(
         "truncate", description="Examples longer than max_seq_len: truncate them, or drop them."
@@ -249,7 +261,11 @@ class JobSpec(BaseModel):
     gradient_checkpointing: bool | None = None
     checkpoint_every_steps: int = Field(50, ge=0, le=1_000_000, description="0: only at the end.")
     keep_checkpoints: int = Field(
-        3, ge=1, le=10_000, description="Checkpoints kept on disk: the newest N, plus the best by eval loss."
+        3,
+        ge=1,
+        le=100,
+        description="Checkpoints kept on disk: the newest N, plus the best by eval loss. They count in the "
+        "tenant's storage quota.",
     )
 
     torch_dtype: TorchDtype = Field("auto", description="Storage dtype of unquantized base weights.")
@@ -381,6 +397,7 @@ class JobSpec(BaseModel):
             max_seq_len=self.max_seq_len,
             packing=self.packing and self.objective != "grpo",  # grpo: a row is a prompt (RLArgs)
             sequences_per_example=self.sequences_per_example,
+            examples_per_step=self.examples_per_step,
         )
 
     @property
@@ -408,7 +425,7 @@ class JobSpec(BaseModel):
             importance_sampling_level=self.importance_sampling_level,
             eval_samples=self.eval_samples,
             max_seq_len=self.max_seq_len,
-            step_prompts=self.batch.effective_size,
+            step_prompts=self.batch.step_size,
         )
 
     @property

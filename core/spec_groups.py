@@ -162,8 +162,9 @@ class DataArgs:
 
 @dataclass(frozen=True)
 class BatchArgs:
-    """What one optimizer step trains (training.batches): a global batch of micro x accumulation x ranks
-    rows, fixed before it is split. A row is one example padded (packing false), or examples packed into
+    """What one optimizer step trains (training.batches): a global batch fixed before it is split, of
+    micro x accumulation x ranks rows, or with `examples_per_step` of that many examples (packed: into
+    as many rows as they fill). A row is one example padded (packing false), or examples packed into
     max_seq_len tokens per sequence of an example; an example is `sequences_per_example` sequences (a
     preference pair: two)."""
 
@@ -173,11 +174,17 @@ class BatchArgs:
     max_seq_len: int
     packing: bool
     sequences_per_example: int
+    examples_per_step: int | None = None
 
     @property
     def effective_size(self) -> int:
-        """Rows in an optimizer step's global batch: the effective batch size."""
+        """Rows in an optimizer step's global batch: the effective batch size (without examples_per_step)."""
         return self.micro_batch_size * self.gradient_accumulation_steps * self.num_gpus
+
+    @property
+    def step_size(self) -> int:
+        """What a full step counts: examples_per_step examples, else effective_size rows."""
+        return self.examples_per_step or self.effective_size
 
     @property
     def row_capacity(self) -> int:
@@ -283,7 +290,7 @@ class RLArgs:
     importance_sampling_level: ImportanceLevel
     eval_samples: int | None
     max_seq_len: int
-    step_prompts: int  # a step's prompts: the effective batch (BatchArgs.effective_size)
+    step_prompts: int  # a step's prompts (BatchArgs.step_size: a grpo row is one prompt)
 
     FIELDS = (
         "grader", "num_generations", "temperature", "rollout_batch_size", "max_completion_tokens", "epsilon",

@@ -17,10 +17,11 @@ requests wait (429 engine_overloaded with Retry-After beyond that) and one that 
 `--timeout-seconds` before it starts gets 504 engine_timeout.
 
 Modules: server (HTTP, OpenAI shapes), scheduler (the bounded line and the generation thread), engine
-(catalog, adapter registry, what is resident), adapters (checking and attaching an adapter), prompt (chat
-messages -> training's token ids), generation (one completion with transformers' generate), schemas
-(request bodies), errors; batcher (continuous batching: rows of every running request decoded together), kv
-(their padded KV cache), sampler (each row's next token), lora_rows (each row's own adapter in one forward).
+(catalog, adapter registry, what is resident; one request alone), adapters (checking and attaching an
+adapter), prompt (chat messages -> training's token ids), schemas (request bodies), errors; batcher
+(continuous batching: rows of every running request decoded together). The decoding itself (prefill, the
+padded KV cache, sampling, stop strings, each row's own adapter) is training.decoding's, the one engine
+that chat, samples, evaluation and rollouts share.
 
 OpenMP threads wait passively (OMP_WAIT_POLICY=PASSIVE unless set; read when torch loads OpenMP, so it is
 set here, before any torch import of this process): the engine shares its CPU, with training under `ftune

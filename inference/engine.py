@@ -21,6 +21,7 @@ import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from math import inf
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,8 +30,10 @@ from core.data.examples import Message
 from inference import adapters
 from inference.adapters import Adapter
 from inference.errors import Busy, EngineError, invalid, model_not_found
-from inference.generation import Completion, Sampling
-from inference.lora_rows import BASE_ROWS
+from training.decoding.engine import Completion, Row, decode, eos_ids
+from training.decoding.lora_rows import BASE_ROWS
+from training.decoding.sampling import Sampling
+from training.decoding.text import TextStream
 
 
 @dataclass
@@ -199,24 +202,21 @@ class Engine:
         cancelled: threading.Event | None = None,
         deadline: float | None = None,
     ) -> Completion:
-        """One completion of a started request (call right after start: the model is set for it); it ends
-        at the next token once `cancelled` is set or time.monotonic() passes `deadline` (finish "length")."""
-        from functools import partial
-
-        from inference.generation import generate as generate_one
-
+        """One completion of a started request (call right after start: the model is set for it), decoded
+        alone as transformers' generate() would (training.decoding: a batch of one, drawing from torch's
+        generator); `on_text` gets each piece of text as it is released. It ends at the next token once
+        `cancelled` is set or time.monotonic() passes `deadline` (finish "length")."""
         p = prepared
-        generate = partial(generate_one, deadline=deadline)
-        if p.base_only and _is_peft(p.model):
-            if not p.model.peft_config:  # type: ignore[attr-defined]
+        model = p.model
+        if p.base_only and _is_peft(model):
+            if not model.peft_config:  # type: ignore[attr-defined]
                 # every adapter evicted: the wrapped layers hold none, the inner model is the plain base
-                inner = p.model.base_model.model  # type: ignore[attr-defined]  # LoraModel.model
-                return generate(inner, p.tokenizer, p.prompt, p.sampling, on_text, cancelled)
-            with p.model.disable_adapter():  # type: ignore[attr-defined]
-                return generate(p.model, p.tokenizer, p.prompt, p.sampling, on_text, cancelled)
-        if _is_peft(p.model):  # the batched path (inference.lora_rows) may have left them off
-            p.model.base_model.enable_adapter_layers()  # type: ignore[attr-defined]
-        return generate(p.model, p.tokenizer, p.prompt, p.sampling, on_text, cancelled)
+                return _generate(model.base_model.model, p, on_text, cancelled, deadline)  # type: ignore[attr-defined]
+            with model.disable_adapter():  # type: ignore[attr-defined]
+                return _generate(model, p, on_text, cancelled, deadline)
+        if _is_peft(model):  # the batched path (training.decoding.lora_rows) may have left them off
+            model.base_model.enable_adapter_layers()  # type: ignore[attr-defined]
+        return _generate(model, p, on_text, cancelled, deadline)
 
     def complete(
         self, target: Target, messages: Sequence[Message], sampling: Sampling, seed: int | None = None
@@ -306,6 +306,24 @@ class Engine:
         loaded.model.delete_adapter(slot)  # type: ignore[attr-defined]
         self.evictions.append(name)
         gc.collect()
+
+
+def _generate(
+    model, p: Prepared, on_text, cancelled: threading.Event | None, deadline: float | None
+) -> Completion:
+    """A batch of one on the model as it is set (training.decoding.engine.decode)."""
+    import time
+
+    import torch
+
+    eos = set() if p.sampling.ignore_eos else eos_ids(model, p.tokenizer)
+    gone, until = cancelled or threading.Event(), inf if deadline is None else deadline
+    text = TextStream(p.tokenizer, p.sampling.stop, eos, on_text)
+    row = Row(sampling=p.sampling, stops=eos, text=text)
+    row.ended = lambda: gone.is_set() or time.monotonic() >= until
+    with torch.inference_mode():
+        decode(model, [p.prompt], [row])
+    return row.completion()
 
 
 def seed_everything(seed: int) -> None:

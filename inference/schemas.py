@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from core.chat_limits import MAX_N, MAX_STOP_CHARS, MAX_STOPS
 from core.data.examples import Message
 from inference.errors import invalid
-from inference.generation import Sampling
+from training.decoding.sampling import Sampling
 
 
 class ChatMessage(BaseModel):

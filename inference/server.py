@@ -21,7 +21,7 @@ Requests decode together (continuous batching, inference.batcher): a request joi
 the next step, rows of different adapters share it, and each leaves as soon as it ends. The batch's KV
 cache is bounded by --max-batch-tokens (FTUNE_INFERENCE_MAX_BATCH_TOKENS) and --max-running rows
 (FTUNE_INFERENCE_MAX_RUNNING); beyond them requests wait in the line. --sequential runs one request at a
-time with transformers' generate, as the engine did before batching (a baseline for bench/inference.py).
+time, each alone start to end, as the engine did before batching (a baseline for bench/inference.py).
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ from core.errors import FtuneError, status_for
 from inference.batcher import Batcher, Chat
 from inference.engine import Engine, seed_everything
 from inference.errors import EngineError
-from inference.generation import Completion
 from inference.scheduler import DONE, Scheduler, Ticket
 from inference.schemas import ChatRequest, LoadAdapter, UnloadAdapter
+from training.decoding.engine import Completion
 
 log = logging.getLogger("ftune.inference")
 
@@ -357,7 +357,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="rows (choices) decoding together at most (default FTUNE_INFERENCE_MAX_RUNNING)",
     )
     p.add_argument(
-        "--sequential", action="store_true", help="one request at a time with generate (no batching)"
+        "--sequential", action="store_true", help="one request at a time, start to end (no batching)"
     )
     p.add_argument(
         "--insecure-no-key",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -43,8 +44,8 @@ WRONG_KIND_CODE = {"dpo": "dataset_not_preference", "grpo": "dataset_not_prompts
 
 def check_grader_policy(spec: JobSpec, settings: Settings) -> None:
     """What this server grades with (core.graders.policy, core.settings.Settings): python graders only
-    where the operator enabled the sandbox, model graders only with a judge endpoint configured and
-    within the operator's bounds on it (its allowed models, its tokens per call)."""
+    where the operator enabled the sandbox and it isolates them, model graders only with a judge endpoint
+    configured and within the operator's bounds on it (its allowed models, its tokens per call)."""
     if spec.grader is not None:
         admitted(
             spec.grader,
@@ -117,6 +118,32 @@ def recheck_references(session: Session, *, spec: JobSpec, tenant_id: str) -> No
             )
 
 
+def check_tools_template(
+    *, catalog: Catalog, spec: JobSpec, datasets: list[Dataset], check: ToolsCheck
+) -> None:
+    """Data that define or call tools train only on a base model whose chat template renders them
+    (models.tool_support): else the model would learn calls to tools it was never shown."""
+    with_tools = [ds for ds in datasets if ((ds.report or {}).get("stats") or {}).get("with_tools")]
+    if not with_tools:
+        return
+    try:
+        model = catalog.get(spec.base_model)
+    except NotFound as e:
+        raise InvalidInput(e.message, code="model_not_found", param="base_model") from e
+    problem = check(model.path)
+    if problem:
+        ds = with_tools[0]
+        count = ds.report["stats"]["with_tools"]
+        raise InvalidInput(
+            f"base model {spec.base_model!r} cannot train on dataset {ds.id!r}: {count} of its examples "
+            f"define or call tools, and the model's chat template {problem}; choose a base model whose chat "
+            "template renders tools (Qwen2.5 and Llama 3.1 instruct models, for example)",
+            code="template_cannot_render_tools",
+            param="base_model",
+            details={"base_model": spec.base_model, "dataset_id": ds.id, "problem": problem},
+        )
+
+
 # The fields that shape a LoRA adapter: a job continuing from one must ask for the same shape.
 LORA_SHAPE = ("lora_r", "lora_alpha", "lora_target_modules")
 
@@ -179,6 +206,8 @@ def check_init_from(session: Session, *, spec: JobSpec, tenant_id: str) -> Job |
     return earlier
 
 
+# A base model's directory -> what its chat template does wrong with tools, or None (models.tool_support).
+ToolsCheck = Callable[[Path], str | None]
 PlanFor = Callable[[BatchShape | None], Plan | None]  # a job's plan for a micro-batch shape (None: worst)
 
 
@@ -247,21 +276,28 @@ def admit(
     tenant_id: str,
     plan_gpu: str = "",
     measure: Measure | None = None,
+    tools_check: ToolsCheck | None = None,
 ) -> Admitted:
     """Raise a clear error for a job that cannot run; return the plan it was admitted on.
     A job whose worst case (every micro-batch micro_batch_size x max_seq_len tokens) does not fit is
     planned again from its data's lengths, measured now with `measure`, unless even the smallest
-    micro-batch would not fit: a max_seq_len far above the data's longest example costs nothing."""
-    check_dataset(session, dataset_id=spec.dataset_id, tenant_id=tenant_id, objective=spec.objective)
+    micro-batch would not fit: a max_seq_len far above the data's longest example costs nothing.
+    `tools_check`: whether the base model's template renders tools, asked for data with tools."""
+    datasets = [
+        check_dataset(session, dataset_id=spec.dataset_id, tenant_id=tenant_id, objective=spec.objective)
+    ]
     if spec.validation_dataset_id:
-        check_dataset(
+        validation = check_dataset(
             session,
             dataset_id=spec.validation_dataset_id,
             tenant_id=tenant_id,
             param="validation_dataset_id",
             objective=spec.objective,
         )
+        datasets.append(validation)
     check_init_from(session, spec=spec, tenant_id=tenant_id)
+    if tools_check is not None:
+        check_tools_template(catalog=catalog, spec=spec, datasets=datasets, check=tools_check)
     plan_for = planner(session, catalog=catalog, spec=spec, gpu=None, tenant_id=tenant_id, plan_gpu=plan_gpu)
     plan = plan_for(None)
     if spec.method == "full":

@@ -1,6 +1,8 @@
 """Splitting an effective batch into micro-batch x accumulation: the planner's largest micro-batch that fits.
 
-Used by /v1/fine_tuning/jobs for `batch_size` (a number or "auto"). The micro-batch is the largest divisor
+Used by /v1/fine_tuning/jobs for `batch_size` (a number or "auto"), whose spec counts it in examples
+(examples_per_step, kept): with packing a step's examples fill at most as many rows, so a step runs at most
+accumulation micro-batches per GPU, fewer where they pack tighter. The micro-batch is the largest divisor
 of the per-GPU batch whose plan fits where the job would run (the fleet, else settings.plan_gpu); the rest
 is gradient accumulation, so the effective batch is the one asked for. With nothing to plan on (no worker
 registered, no plan_gpu), the largest divisor up to JobSpec's default micro-batch. Objective grpo samples

@@ -76,6 +76,23 @@ def list_events(session: Session, job_id: str, after: int, limit: int) -> tuple[
     return list(rows[:limit]), len(rows) > limit
 
 
+def stream_marks(session: Session, job_ids: list[str]) -> dict[str, tuple[str, int | None]]:
+    """Each job's status and last event id (None: no events; a job not there is left out), for every job
+    of `job_ids` in one query: what the API's event streams watch for a change (api/watch.py)."""
+    last = (
+        select(JobEvent.job_id, func.max(JobEvent.id).label("last_id"))
+        .where(JobEvent.job_id.in_(job_ids))
+        .group_by(JobEvent.job_id)
+        .subquery()
+    )
+    stmt = (
+        select(Job.id, Job.status, last.c.last_id)
+        .outerjoin(last, last.c.job_id == Job.id)
+        .where(Job.id.in_(job_ids))
+    )
+    return {job_id: (status, last_id) for job_id, status, last_id in session.execute(stmt)}
+
+
 def store_token_stats(session: Session, job_id: str, stats: dict[str, Any]) -> bool:
     """Store statistics computed at job creation, unless training's start has filled them already
     (compare-and-set on "pending"). False if they were not stored."""

@@ -1,8 +1,9 @@
 """Submitting a job: the one path from a JobSpec to a queued job, called by the native route, the CLI
 (`ftune jobs submit`) and the OpenAI-shaped surface.
 
-The tenant's job slot (quota), admission (dataset, model, plan; perhaps a measurement), then the Job
-row and its plan file; after the commit, the job's token statistics are asked for (unless admission
+The tenant's job slot (quota), admission (dataset, model, plan; perhaps a measurement), the job's files
+in the tenant's storage quota (models.job_files: 413 storage_quota_exceeded), then the Job row and its plan
+file; after the commit, the job's token statistics are asked for (unless admission
 measured them: models.token_stats) and a worker is woken. Both publishers are injected
 (core.queues.Enqueuer on the broker, or a test's double), so this module knows no broker.
 """
@@ -20,13 +21,15 @@ from core.catalog import Catalog
 from core.settings import Settings
 from core.spec import JobSpec
 from core.storage import Storage, atomic_write_text, new_id
+from models import job_files as job_files_db
 from models import jobs as jobs_db
 from models import tenants as tenants_db
-from models.admission import admit, check_grader_policy, recheck_references
+from models.admission import ToolsCheck, admit, check_grader_policy, recheck_references
 from models.db import session_scope
 from models.tables import Job
 from models.tenants import TenantGate
 from models.token_stats import measure_at_admission
+from models.tool_support import from_settings as tools_check_for
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +56,13 @@ def submit_job(
     request_token_stats: Publish,
     openai: OpenAIFields | None = None,
     measurements: TenantGate | None = None,
+    tools_check: ToolsCheck | None = None,
 ) -> Job:
     """Admit and store the job, then publish; returns the job as accepted (queued). Raises core.errors
     (RateLimited, InvalidInput, Unsupported, Conflict, ...) for a job that is refused; then nothing is stored.
     `openai`: what a /v1 job carries beyond its spec (suffix, metadata, resolved hyperparameters).
     `measurements`: the process's bound on measurements at admission (models.token_stats.measurement_gate).
+    `tools_check`: whether a base model's template renders tools (default: models.tool_support's probe).
 
     Three transactions, none held while the data is measured: the tenant's job slot is reserved (so
     concurrent creates cannot all pass the quota), the job is admitted (reads, and perhaps a measurement),
@@ -86,13 +91,19 @@ def submit_job(
                 tenant_id=tenant_id,
                 plan_gpu=settings.plan_gpu,
                 measure=measure,
+                tools_check=tools_check or tools_check_for(settings),
             )
+            files = job_files_db.projection(s, catalog=catalog, spec=spec, tenant_id=tenant_id)
         plan = admitted.plan
+        with session_scope(sessions) as s:  # before the tenant's lock: what its finished jobs hold
+            job_files_db.measure_finished(s, storage, tenant_id)
         with session_scope(sessions) as s:
             tenants_db.take_job_slot(s, tenant_id, job_id, limit=limit, ttl_seconds=ttl)
             recheck_references(s, spec=spec, tenant_id=tenant_id)
+            tenants_db.check_job_files_room(s, tenant_id, files, settings.max_stored_bytes_per_tenant)
             predicted = plan.allocated_bytes if plan else None
             created = jobs_db.create_job(s, tenant_id, job_id, spec, predicted, settings.max_attempts)
+            created.files_allowance_bytes = files.total  # reserved in the quota (models.job_files)
             if admitted.token_stats is not None:  # measured to admit it: nothing left to ask a worker for
                 jobs_db.store_token_stats(s, job_id, admitted.token_stats)
             if openai is not None:

@@ -108,6 +108,10 @@ class Job(Base):
     eta_seconds: Mapped[float | None] = mapped_column(Float)
     peak_mem_bytes: Mapped[int | None] = mapped_column(BigInteger)
     predicted_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # The job's files in its tenant's storage quota (core.job_files, models.job_files): the allowance
+    # reserved at admission, counted while the job is not finished; what its directory holds once it is.
+    files_allowance_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    files_bytes: Mapped[int | None] = mapped_column(BigInteger)
     # core.data.token_stats.TokenStats as JSON: {"status": "pending" | "ready" | "failed", ...}.
     token_stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # Set for jobs made through /v1/fine_tuning/jobs: OpenAI's suffix and metadata pairs, and the request's

@@ -22,9 +22,11 @@ from sqlalchemy.orm import Session
 
 from core import keys
 from core.errors import PayloadTooLarge, RateLimited
+from core.job_files import Projection
 from core.states import TERMINAL
 from core.storage import new_id
 from models.fleet_limits import FleetCounters, Unavailable
+from models.job_files import jobs_bytes
 from models.tables import ApiKey, Dataset, IdempotencyKey, Job, Tenant, utcnow
 
 
@@ -103,12 +105,11 @@ def active_jobs(session: Session, tenant_id: str) -> int:
 
 
 def stored_bytes(session: Session, tenant_id: str) -> int:
-    return int(
-        session.scalar(
-            select(func.coalesce(func.sum(Dataset.size_bytes), 0)).where(Dataset.tenant_id == tenant_id)
-        )
-        or 0
+    """What counts in the tenant's storage quota: its datasets and its jobs' files (models.job_files)."""
+    datasets = session.scalar(
+        select(func.coalesce(func.sum(Dataset.size_bytes), 0)).where(Dataset.tenant_id == tenant_id)
     )
+    return int(datasets or 0) + jobs_bytes(session, tenant_id)
 
 
 def lock_tenant(session: Session, tenant_id: str) -> None:
@@ -129,11 +130,41 @@ def check_storage_room(session: Session, tenant_id: str, size_bytes: int, quota:
     if used + size_bytes > quota:
         raise PayloadTooLarge(
             f"storing this upload of {size_bytes} bytes would exceed the storage quota of {quota} bytes "
-            f"({used} bytes are used); delete datasets to make room",
+            f"({used} bytes are used by datasets and job files); delete datasets or finished jobs to make "
+            "room",
             code="storage_quota_exceeded",
             param="file",
             details={"quota_bytes": quota, "used_bytes": used, "size_bytes": size_bytes},
         )
+
+
+def check_job_files_room(session: Session, tenant_id: str, files: Projection, quota: int) -> None:
+    """Refuse a job whose files (at their most: core.job_files.project) would take the tenant past its
+    storage quota, naming the fields that shrink them (after lock_tenant, as check_storage_room)."""
+    used = stored_bytes(session, tenant_id)
+    if used + files.total <= quota:
+        return
+    parts = files.breakdown()
+    param = "export" if parts["merged"] > parts["checkpoints"] else "keep_checkpoints"
+    merged = f", a merged model and its archive of {parts['merged']:,} bytes" if parts["merged"] else ""
+    raise PayloadTooLarge(
+        f"the job's files may take up to {files.total:,} bytes, which would exceed the storage quota of "
+        f"{quota:,} bytes ({used:,} are used by datasets and job files): {files.checkpoints} checkpoints "
+        f"of {files.checkpoint_bytes:,} bytes at once (keep_checkpoints, plus the best by eval loss and "
+        f"the one being written){merged}. Lower keep_checkpoints"
+        + (', set export to "adapter"' if parts["merged"] else "")
+        + ", lower lora_r or lora_target_modules, or delete datasets or finished jobs to make room",
+        code="storage_quota_exceeded",
+        param=param,
+        details={
+            "quota_bytes": quota,
+            "used_bytes": used,
+            "job_bytes": files.total,
+            "breakdown": parts,
+            "checkpoint_bytes": files.checkpoint_bytes,
+            "checkpoints": files.checkpoints,
+        },
+    )
 
 
 # Job slots held by admissions in progress: rows of the claims table (models.idempotency's), one per job

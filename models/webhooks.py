@@ -206,10 +206,30 @@ class Due(NamedTuple):
     url: str
 
 
-def due(session: Session, *, now: datetime, limit: int = 50, max_attempts: int | None = None) -> list[Due]:
-    """Events waiting for an attempt (of endpoints not deleted, below `max_attempts`), oldest first."""
-    stmt = (
-        select(WebhookEvent.id, WebhookEvent.attempts, Webhook.tenant_id, Webhook.url)
+def due(
+    session: Session,
+    *,
+    now: datetime,
+    limit: int = 50,
+    max_attempts: int | None = None,
+    per_tenant: int | None = None,
+) -> list[Due]:
+    """Events waiting for an attempt (of endpoints not deleted, below `max_attempts`), at most `limit`.
+    Tenants take turns: each tenant's oldest first, at most `per_tenant` of each (None: all), and every
+    tenant's n-th event before anyone's (n+1)-th, so one tenant's backlog cannot fill the list."""
+    # ROW_NUMBER() numbers each tenant's due events by age (SQLite >= 3.25 and PostgreSQL alike).
+    turn = func.row_number().over(
+        partition_by=Webhook.tenant_id, order_by=(WebhookEvent.next_attempt_at, WebhookEvent.id)
+    )
+    waiting = (
+        select(
+            WebhookEvent.id,
+            WebhookEvent.attempts,
+            Webhook.tenant_id,
+            Webhook.url,
+            WebhookEvent.next_attempt_at.label("due_at"),
+            turn.label("turn"),
+        )
         .join(Webhook, Webhook.id == WebhookEvent.webhook_id)
         .where(
             WebhookEvent.delivered_at.is_(None),
@@ -217,12 +237,14 @@ def due(session: Session, *, now: datetime, limit: int = 50, max_attempts: int |
             WebhookEvent.next_attempt_at <= now,
             Webhook.deleted_at.is_(None),
         )
-        .order_by(WebhookEvent.next_attempt_at)
-        .limit(limit)
     )
     if max_attempts is not None:
-        stmt = stmt.where(WebhookEvent.attempts < max_attempts)
-    return [Due(*row) for row in session.execute(stmt)]
+        waiting = waiting.where(WebhookEvent.attempts < max_attempts)
+    w = waiting.subquery()
+    stmt = select(w.c.id, w.c.attempts, w.c.tenant_id, w.c.url).order_by(w.c.turn, w.c.due_at, w.c.id)
+    if per_tenant is not None:
+        stmt = stmt.where(w.c.turn <= per_tenant)
+    return [Due(*row) for row in session.execute(stmt.limit(limit))]
 
 
 def give_up_exhausted(session: Session, *, now: datetime, max_attempts: int) -> int:

@@ -5,18 +5,22 @@ packed (best-fit decreasing) into at most max_seq_len tokens. With objective dpo
 preference pair (training.preference), its length both sides' tokens, and a packed row holds
 2 x max_seq_len tokens: a step then counts pairs, and a pair is never split. With objective grpo a row
 is one prompt (its completions are sampled during the step, training.objectives.grpo), never packed.
-A step holds micro x accumulation x num_gpus rows, and an epoch's steps are a pure function of (seed,
-epoch, lengths, max_seq_len and that effective batch), never of how the step is split:
+A step holds micro x accumulation x num_gpus rows, or with examples_per_step (what /v1's batch_size
+sets) that many examples, and an epoch's steps are a pure function of (seed, epoch, lengths, max_seq_len
+and that step size), never of how the step is split:
 - padded: a seeded permutation is cut into chunks of GROUP_STEPS steps' worth of examples; each chunk
   is sorted by length and cut into steps, so a step holds similar lengths and its micro-batches carry
   little padding.
 - packed: a seeded permutation is cut into chunks of about GROUP_ROWS rows' worth of tokens; each chunk
   is packed into rows, which are shuffled, and the epoch's rows are cut into steps.
+- packed, examples_per_step: a seeded permutation is cut into steps of examples_per_step examples, and
+  each step's examples are packed into as many rows as they fill (best-fit decreasing).
 The steps of an epoch are then shuffled. Only then is a step split (`split_step`): a micro-batch is
 micro_batch_size consecutive rows (packed: one row of up to micro x max_seq_len tokens), and the
 micro-batches are dealt to ranks (`rank_share`). So micro 4 x accumulation 1, micro 1 x accumulation 4
 and 2 ranks x micro 2 train on the same examples at every step, every full step splits into exactly
-accumulation x num_gpus micro-batches, and the loss, normalised by the step's target tokens, is the same.
+accumulation x num_gpus micro-batches (with examples_per_step: as many as its rows fill, at most
+ceil(examples_per_step / micro)), and the loss, normalised by the step's target tokens, is the same.
 """
 
 from __future__ import annotations
@@ -43,13 +47,26 @@ def epoch_steps(spec: JobSpec, lengths: Sequence[int], epoch: int) -> list[Step]
     rng = np.random.default_rng([spec.seed, epoch])
     order = rng.permutation(len(lengths)).tolist()
     batch = spec.batch
-    size = batch.effective_size
-    if batch.packing:
+    size = batch.step_size
+    if batch.packing and batch.examples_per_step is not None:
+        steps = _packed_example_steps(order, lengths, size, batch.row_capacity)
+    elif batch.packing:
         rows = _packed_rows(order, lengths, batch.row_capacity, rng)
         steps = [rows[j : j + size] for j in range(0, len(rows), size)]
     else:
         steps = _padded_steps(order, lengths, size)
     return [steps[k] for k in rng.permutation(len(steps)).tolist()]
+
+
+def _packed_example_steps(order: list[int], lengths: Sequence[int], size: int, capacity: int) -> list[Step]:
+    """Steps of `size` examples each (the last of an epoch: the rest), each packed into its own rows."""
+    _check_fits(lengths, capacity)
+    return [best_fit_decreasing(order[j : j + size], lengths, capacity) for j in range(0, len(order), size)]
+
+
+def _check_fits(lengths: Sequence[int], capacity: int) -> None:
+    if lengths and max(lengths) > capacity:
+        raise ValueError(f"an example of {max(lengths)} tokens does not fit a row of {capacity}")
 
 
 def _padded_steps(order: list[int], lengths: Sequence[int], size: int) -> list[Step]:
@@ -64,8 +81,7 @@ def _padded_steps(order: list[int], lengths: Sequence[int], size: int) -> list[S
 def _packed_rows(
     order: list[int], lengths: Sequence[int], capacity: int, rng: np.random.Generator
 ) -> list[Row]:
-    if lengths and max(lengths) > capacity:
-        raise ValueError(f"an example of {max(lengths)} tokens does not fit a row of {capacity}")
+    _check_fits(lengths, capacity)
     rows: list[Row] = []
     chunk: list[int] = []
     tokens = 0
@@ -97,11 +113,12 @@ def rank_share(n: int, rank: int, world: int) -> tuple[list[int], int]:
 
 def total_steps(spec: JobSpec, lengths: Sequence[int]) -> int:
     """Optimizer steps of the run: max_steps, or the steps of all epochs (the last step of an epoch
-    may hold fewer rows; packed epochs may differ by a step or so)."""
+    may hold fewer rows; packed epochs may differ by a step or so, unless a step is examples_per_step
+    examples)."""
     if spec.max_steps is not None:
         return spec.max_steps
-    if not spec.batch.packing:
-        return spec.epochs * math.ceil(len(lengths) / spec.batch.effective_size)
+    if not spec.batch.packing or spec.examples_per_step is not None:
+        return spec.epochs * math.ceil(len(lengths) / spec.batch.step_size)
     return sum(len(epoch_steps(spec, lengths, e)) for e in range(spec.epochs))
 
 

@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from core.spec import JobSpec
-from core.storage import fsync_path
+from core.storage import CHECKPOINT_ADAPTERS_DIR, fsync_path
 from training import distributed
 from training.step import Parts, Position
 
@@ -138,12 +138,14 @@ def list_checkpoints(root: Path) -> list[Path]:
 
 
 def prune(root: Path, keep: int) -> None:
-    """Remove all but the newest `keep` checkpoints and the best by eval loss (see best_checkpoint)."""
+    """Remove all but the newest `keep` checkpoints and the best by eval loss (see best_checkpoint), with
+    the serving layout of each removed one's adapter, if one was made (core.checkpoint_adapter)."""
     done = list_checkpoints(root)
     best = best_checkpoint(done)
     for old in done[:-keep]:
         if old != best:
             shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(root.parent / CHECKPOINT_ADAPTERS_DIR / old.name, ignore_errors=True)
     for stale in root.glob(".tmp-step-*"):  # left by a process killed mid-write
         shutil.rmtree(stale, ignore_errors=True)
 

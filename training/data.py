@@ -3,9 +3,13 @@
 Labels use -100 for tokens that are not trained on: the inputs (system and user turns, the
 instruction, the prompt, the template's markup) unless `train_on_inputs`, and assistant turns with
 weight 0 always. Chat and instruction examples are rendered through the tokenizer's chat template, or
-DEFAULT_CHAT_TEMPLATE (ChatML) when the tokenizer has none, one message at a time: each message's text
-is the difference between the template rendered up to and including it and the template rendered up
-to it, so the pieces concatenate to exactly the full rendering and each token belongs to one message.
+DEFAULT_CHAT_TEMPLATE (ChatML: training.chat_template) when the tokenizer has none, one message at a
+time: each message's text is the difference between the template rendered up to and including it and
+the template rendered up to it, so the pieces concatenate to exactly the full rendering and each token
+belongs to one message.
+Rows with tools go to the template with its `tools=` argument, their calls and results as templates read
+them (training.chat_template); an assistant turn that calls tools is a target like any other, so the loss
+covers the calls the model must learn to make.
 """
 
 from __future__ import annotations
@@ -19,20 +23,15 @@ from typing import Any
 import torch
 
 from core.data.examples import Example, Message, read_examples
+from training.chat_template import (
+    template_for,
+    template_message,
+    tools_problem,
+    uses_tools,
+)
 
 IGNORE = -100
 PAD_MULTIPLE = 8  # padded widths round up to this: tensor-core shapes, fewer distinct shapes
-# ChatML, for base models whose tokenizer has no chat template. An assistant turn ends with
-# <|im_end|> and the tokenizer's EOS, so the model learns to stop where generation stops.
-DEFAULT_CHAT_TEMPLATE = (
-    "{{ bos_token or '' }}"
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' }}"
-    "{% if message['role'] == 'assistant' %}{{ eos_token or '' }}{% endif %}"
-    "{{ '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 # What a piece of an example is: the inputs (trained only with train_on_inputs), a target, or an
 # assistant turn with weight 0 (never trained).
 INPUT, TARGET, SKIPPED = "input", "target", "skipped"
@@ -63,7 +62,7 @@ def tokenize_example(
 ) -> Tokenized:
     """Token ids and labels of one example, truncated to max_seq_len (None: not truncated)."""
     if example.format in ("chat", "instruction"):
-        pieces = render_chat_pieces(example.messages, tokenizer)
+        pieces = render_chat_pieces(example.messages, tokenizer, example.tools)
     else:
         pieces = _raw_pieces(example, tokenizer)
     trained = {TARGET} | ({INPUT} if train_on_inputs else set())
@@ -84,12 +83,18 @@ def render_chat_pieces(
     weight is 1), so the targets are exactly what the model must generate after the prompt,
     including the end-of-turn marker. `tools` (OpenAI's tool definitions) go to the template as is.
     """
-    template = getattr(tokenizer, "chat_template", None) or DEFAULT_CHAT_TEMPLATE
-    dicts = [{"role": m.role, "content": m.content} for m in messages]
+    template = template_for(tokenizer, tools)
+    if uses_tools(messages, tools) and (problem := tools_problem(tokenizer, template)):
+        raise DatasetError(f"the base model's chat template cannot render tools: it {problem}")
+    dicts = [template_message(m) for m in messages]
     pieces: list[tuple[str, str]] = []
     done = ""
     for i, message in enumerate(messages):
         kind = INPUT
+        if message.role == "tool" and i + 1 < len(messages) and messages[i + 1].role == "tool":
+            # A run of tool results is one piece: templates that put the run in one turn (Qwen's) close
+            # that turn only after its last result, so a prefix ending inside the run renders differently.
+            continue
         if message.role == "assistant":
             prompt = _render(tokenizer, template, dicts[:i], add_generation_prompt=True, tools=tools)
             pieces.append((_suffix(prompt, done), INPUT))
@@ -104,7 +109,7 @@ def render_chat_pieces(
 def _render(
     tokenizer,
     template: str,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     add_generation_prompt: bool,
     tools: Sequence[Any] | None = None,
 ) -> str:

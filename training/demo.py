@@ -3,6 +3,11 @@
 Random weights (fixed seed) and a byte-level BPE tokenizer trained on `demo_corpus.txt`, with a
 ChatML-like chat template. Built into a temp dir next to the target and renamed into place, so a
 half-built model is never seen and two builders cannot interleave.
+
+The template renders tools as Qwen2.5's (Hermes style) does, the form ftune's serving side parses: the
+definitions in a system turn inside <tools></tools>, each call of an assistant turn as
+<tool_call>{"name", "arguments"}</tool_call>, and a run of tool results in one user turn of
+<tool_response> blocks. Without tools it renders exactly what it rendered before it had them.
 """
 
 from __future__ import annotations
@@ -18,10 +23,41 @@ BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [BOS, EOS, PAD, IM_START, IM_END]
 
+TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_CODA = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+    "<args-json-object>}\n</tool_call>"
+)
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}"
+    "{{ '<|im_start|>system\n' }}"
+    "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ '" + TOOLS_PREAMBLE + "' }}"
+    "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '" + TOOLS_CODA + "<|im_end|>\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if loop.first and message['role'] == 'system' and tools %}"
+    "{% elif message['role'] == 'assistant' and message.tool_calls %}"
+    "{{ '<|im_start|>assistant' }}"
+    "{% if message['content'] %}{{ '\n' + message['content'] }}{% endif %}"
+    "{% for tool_call in message.tool_calls %}{% set tool_call = tool_call.function or tool_call %}"
+    '{{ \'\n<tool_call>\n{"name": "\' + tool_call.name + \'", "arguments": \' }}'
+    "{{ (tool_call.arguments | tojson) + '}\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\n' }}"
+    "{% elif message['role'] == 'tool' %}"
+    "{% if loop.first or loop.previtem['role'] != 'tool' %}{{ '<|im_start|>user' }}{% endif %}"
+    "{{ '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
+    "{% if loop.last or loop.nextitem['role'] != 'tool' %}{{ '<|im_end|>\n' }}{% endif %}"
+    "{% else %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )

@@ -48,6 +48,7 @@ from training import (
     metrics,
     model,
     objectives,
+    quota,
     samples,
 )
 from training.batches import Step
@@ -141,6 +142,8 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
     parts = Parts(spec, net, make_optimizer(spec, params), params, device, precision.autocast, scaler)
     total = batches.total_steps(spec, [x.length for x in items])
 
+    if distributed.is_main():
+        quota.discard_partial(Path(config.output_dir))  # an earlier attempt's half-written files
     latest = checkpoint.latest_checkpoint(Path(config.output_dir) / CHECKPOINTS_DIR)
     pos = checkpoint.load_checkpoint(latest, parts) if latest else Position()
     if latest:
@@ -247,6 +250,7 @@ def finish(state: State) -> None:
     adapter_dir = out / ADAPTER_DIR
     final_loss = pos.losses[-1] if pos.losses else None
     net = state.parts.model
+    quota.check_final(state.config, state.parts)  # collective: within the job's storage allowance
     weights = {n: distributed.full_tensor(p) for n, p in model.trainable_parameters(net)}  # collective
     merged_dir = None
     if distributed.is_main():
@@ -380,6 +384,7 @@ def save_checkpoint(state: State) -> None:
     step = state.pos.step
     if step in state.saved:
         return
+    quota.check_checkpoint(state.config, state.parts, step)  # within the job's storage allowance
     path = checkpoint.save_checkpoint(state.out / CHECKPOINTS_DIR, state.parts, state.pos, state.total_steps)
     state.saved.add(step)
     state.writer.write(CheckpointRecord(step=step, path=str(path)))

@@ -6,14 +6,16 @@ the policy answers exactly where a tuned model will. Prompts longer than max_seq
 max_completion_tokens are cut from the left (over_length truncate: the question's end is kept) or
 dropped (over_length drop).
 
-Rollouts are batched generate() calls with the KV cache, the prompts left-padded to the longest, under
+Rollouts are fixed batches of the decoding engine (training.decoding.engine.decode: transformers'
+generate(), step for step, with the KV cache), the prompts left-padded to the longest, under
 training.packing.masked_attention (SDPA with the padding mask): `num_generations` samples of each prompt at
 the spec's temperature (no top-k or top-p filter, as TRL's defaults), up to max_completion_tokens new
 tokens, ending at EOS. The KV cache grows as they do; `cache="static"` (bench/rollouts_decode.py) takes
-one of the whole length, with which transformers compiles the decoding step on CUDA (CUDA graphs): not
-timed on a GPU yet, so not the engine's. It needs transformers >= 5.24: before, a static cache held values
-in the keys' dtype, and under bf16 autocast with fp32 weights a Llama caches fp32 keys (rotated in the
-residual stream's dtype) beside bf16 values (on an H200 with 5.17: index_copy_ refused the values).
+one of the whole length, with which the decoding step is compiled on CUDA (CUDA graphs), as generate()
+compiles it: not timed on a GPU yet, so not the engine's. It needs transformers >= 5.24: before, a static
+cache held values in the keys' dtype, and under bf16 autocast with fp32 weights a Llama caches fp32 keys
+(rotated in the residual stream's dtype) beside bf16 values (on an H200 with 5.17: index_copy_ refused the
+values).
 
 The sampling RNG is forked and seeded from (seed, step, chunk), so a step's samples are a pure function
 of the weights and the step: a resumed run samples what an uninterrupted one would have.
@@ -31,6 +33,8 @@ import torch
 
 from core.data.examples import read_prompts
 from training.data import IGNORE, DatasetError, Tokenized, token_stats
+from training.decoding.engine import Row, decode
+from training.decoding.sampling import Sampling
 from training.packing import masked_attention
 from training.samples import chat_prompt_ids
 
@@ -58,7 +62,7 @@ def load_for_training(
     many were dropped, and the token statistics of the whole prompts."""
     try:
         whole = [
-            PromptItem(chat_prompt_ids(p.prompt, tokenizer), p.item)
+            PromptItem(chat_prompt_ids(p.prompt, tokenizer, p.tools), p.item)
             for p in read_prompts(path, column_mapping)
         ]
     except (ValueError, KeyError, TypeError) as e:
@@ -105,14 +109,6 @@ def stop_ids(tokenizer: Any, model: Any) -> set[int]:
     return ids
 
 
-def static_cache_keeps_dtypes() -> bool:
-    """Whether this transformers' static cache holds keys and values each in its own dtype (5.24 on)."""
-    import transformers
-    from packaging.version import Version
-
-    return Version(transformers.__version__).release >= (5, 24)
-
-
 @torch.no_grad()
 def sample(
     model: Any,
@@ -128,13 +124,8 @@ def sample(
     chunk: int = 8,
     cache: Literal["dynamic", "static"] = "dynamic",
 ) -> list[list[Completion]]:
-    """`n` sampled completions of each prompt (temperature 0: greedy), `chunk` prompts per generate()
-    call; seeded by `seed` (e.g. (spec seed, step)). In eval mode (no dropout), the caller's mode kept."""
-    if cache == "static" and not static_cache_keeps_dtypes():
-        raise ValueError(
-            "cache='static' needs transformers >= 5.24 (its static cache holds keys and values "
-            "each in its own dtype, as a Llama under autocast with fp32 weights makes them)"
-        )
+    """`n` sampled completions of each prompt (temperature 0: greedy), `chunk` prompts per decoded batch;
+    seeded by `seed` (e.g. (spec seed, step)). In eval mode (no dropout), the caller's mode kept."""
     stops = stop_ids(tokenizer, model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stops, default=0)
     rng_devices = [device] if device.type == "cuda" else []
@@ -144,9 +135,9 @@ def sample(
             part = prompts[start : start + chunk]
             with torch.random.fork_rng(devices=rng_devices), autocast():
                 torch.manual_seed(_seed(seed, k))
-                new = _generate(model, part, n, temperature, max_new_tokens, stops, pad, device, cache)
+                rows = _generate(model, part, n, temperature, max_new_tokens, stops, pad, cache)
             for i in range(len(part)):
-                out.append([_completion(row, stops, tokenizer) for row in new[i * n : (i + 1) * n]])
+                out.append([_completion(row, tokenizer) for row in rows[i * n : (i + 1) * n]])
     return out
 
 
@@ -176,37 +167,17 @@ def _generate(
     max_new_tokens: int,
     stops: set[int],
     pad: int,
-    device: torch.device,
     cache: Literal["dynamic", "static"],
-) -> list[list[int]]:
-    """The new tokens of each of n samples of each prompt (left-padded into one batch), prompt-major."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-        mask[i, width - len(p) :] = 1
-    sampling: dict[str, Any] = (
-        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-        if temperature > 0
-        else {"do_sample": False}
-    )
-    result = model.generate(
-        input_ids=ids.to(device),
-        attention_mask=mask.to(device),
-        max_new_tokens=max_new_tokens,
-        num_return_sequences=n,
-        eos_token_id=sorted(stops),
-        pad_token_id=pad,
-        use_cache=True,  # load_model turns the cache off for training
-        cache_implementation=None if cache == "dynamic" else cache,  # None: generate()'s growing cache
-        **sampling,
-    )
-    return result[:, width:].tolist()
+) -> list[Row]:
+    """n samples of each prompt decoded together (the prompts repeated n times, left-padded into one
+    batch, as generate(num_return_sequences=n) expands them), prompt-major."""
+    spec = Sampling(max_tokens=max_new_tokens, temperature=temperature)
+    rows = [Row(sampling=spec, stops=stops) for _ in prompts for _ in range(n)]
+    decode(model, [p for p in prompts for _ in range(n)], rows, pad=pad, static_cache=cache == "static")
+    return rows
 
 
-def _completion(row: list[int], stops: set[int], tokenizer: Any) -> Completion:
-    end = next((j for j, t in enumerate(row) if t in stops), None)
-    ids = row if end is None else row[: end + 1]
-    text = tokenizer.decode(ids if end is None else ids[:-1], skip_special_tokens=True)
-    return Completion([int(t) for t in ids], str(text), truncated=end is None)
+def _completion(row: Row, tokenizer: Any) -> Completion:
+    stopped = row.finish_reason == "stop"  # its last token is an end token
+    text = tokenizer.decode(row.tokens[:-1] if stopped else row.tokens, skip_special_tokens=True)
+    return Completion(list(row.tokens), str(text), truncated=not stopped)

@@ -80,10 +80,13 @@ def classify_error(e: BaseException) -> tuple[str, str]:
     """The stable code and message error.json reports for a failure."""
     import torch
 
+    from core.job_files import CODE, StorageQuotaExceeded
     from training.data import DatasetError
 
     if isinstance(e, DatasetError):
         return "invalid_dataset", str(e)
+    if isinstance(e, StorageQuotaExceeded):  # the job's files would pass their allowance (training.quota)
+        return CODE, str(e)
     # CPU allocation failures are plain RuntimeErrors from c10's allocator.
     cpu_oom = isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
     if isinstance(e, (torch.OutOfMemoryError, MemoryError)) or cpu_oom:

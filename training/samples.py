@@ -13,13 +13,14 @@ Which prompts (spec.sample_prompts):
 Each prompt is tokenized exactly as training tokenizes it (training.data: message by message, then the
 assistant turn's generation prompt), keeps its last max_seq_len tokens, and is completed greedily with
 at most sample_max_tokens new tokens: once with the adapter disabled (peft's disable_adapter(): the
-base) and once with it. Generation runs in eval mode under no_grad, one prompt at a time (no padding,
-so a completion is exactly what a plain generate() of that prompt gives), and the RNG state is
+base) and once with it. Generation (the decoding engine, training.decoding) runs in eval mode under
+no_grad, one prompt at a time (no padding, so a completion is exactly what a plain generate() of that
+prompt gives: it ends at the model's end tokens, its generation config's), and the RNG state is
 restored afterwards, so a run that samples trains exactly like one that does not. A failure to sample
 (say, out of memory for the KV cache, which the plan does not count) is logged by the recipe, and the
 run goes on without samples.
 
-Under FSDP (num_gpus > 1) there are no samples: generate() on fully_shard'ed modules would have every
+Under FSDP (num_gpus > 1) there are no samples: decoding on fully_shard'ed modules would have every
 rank run each decoding step in lockstep, which a data-dependent stopping point makes fragile; the run
 logs why and trains as usual.
 """
@@ -38,16 +39,19 @@ import torch
 from core.data.examples import Example, Message, is_conversational, read_examples
 from core.run_protocol import RunConfig, SampleItem
 from core.spec import JobSpec, SampleMessage
+from training.chat_template import template_message
 from training.data import (
-    DEFAULT_CHAT_TEMPLATE,
     DatasetError,
     _encode,
     _render,
     _suffix,
     fit_to_length,
     render_chat_pieces,
+    template_for,
     tokenize_example,
 )
+from training.decoding.engine import Row, decode, eos_ids
+from training.decoding.sampling import Sampling
 from training.evaluate import split_validation
 
 log = logging.getLogger("ftune.training")
@@ -138,7 +142,7 @@ def example_prompt(e: Example, tokenizer: Any, max_seq_len: int) -> Prompt | Non
             return None
         messages = list(e.messages[:last])
         shown = [{"role": m.role, "content": m.content} for m in messages]
-        return Prompt(shown, chat_prompt_ids(messages, tokenizer)[-max_seq_len:])
+        return Prompt(shown, chat_prompt_ids(messages, tokenizer, e.tools)[-max_seq_len:])
     first_target = next((i for i, m in enumerate(e.messages) if m.weight == 1), 0)
     text = "".join(m.content for m in e.messages[:first_target])
     if not first_target or not text:
@@ -158,14 +162,17 @@ def pair_prompts(pairs: Sequence[Any], tokenizer: Any, n: int) -> list[Prompt]:
 # How a prompt is tokenized: as training.data tokenizes the inputs before a reply.
 
 
-def chat_prompt_ids(messages: Sequence[Message], tokenizer: Any) -> list[int]:
+def chat_prompt_ids(
+    messages: Sequence[Message], tokenizer: Any, tools: Sequence[Any] | None = None
+) -> list[int]:
     """The messages' pieces, then the assistant turn's generation prompt (render_chat_pieces' input
-    piece of an assistant message), so the ids are those a training example has before its reply."""
-    ids = [i for piece, _ in render_chat_pieces(messages, tokenizer) for i in piece]
-    template = getattr(tokenizer, "chat_template", None) or DEFAULT_CHAT_TEMPLATE
-    dicts = [{"role": m.role, "content": m.content} for m in messages]
-    done = _render(tokenizer, template, dicts, add_generation_prompt=False)
-    with_prompt = _render(tokenizer, template, dicts, add_generation_prompt=True)
+    piece of an assistant message), so the ids are those a training example has before its reply.
+    `tools`: the row's tool definitions, rendered as training renders them."""
+    ids = [i for piece, _ in render_chat_pieces(messages, tokenizer, tools) for i in piece]
+    template = template_for(tokenizer, tools)
+    dicts = [template_message(m) for m in messages]
+    done = _render(tokenizer, template, dicts, add_generation_prompt=False, tools=tools)
+    with_prompt = _render(tokenizer, template, dicts, add_generation_prompt=True, tools=tools)
     generation_prompt = _suffix(with_prompt, done)
     return ids + (_encode(tokenizer, generation_prompt) if generation_prompt else [])
 
@@ -196,31 +203,23 @@ def generate_samples(
             items = []
             for p in prompts:
                 with model.disable_adapter():  # type: ignore[operator]  # peft's PeftModel
-                    base = complete(model, p.ids, max_new_tokens, device, tokenizer)
-                tuned = complete(model, p.ids, max_new_tokens, device, tokenizer)
+                    base = complete(model, p.ids, max_new_tokens, tokenizer)
+                tuned = complete(model, p.ids, max_new_tokens, tokenizer)
                 items.append(SampleItem(prompt=p.shown, base=base, tuned=tuned))
             return items
     finally:
         model.train(was_training)
 
 
-def complete(model: Any, ids: list[int], max_new_tokens: int, device: torch.device, tokenizer: Any) -> str:
+def complete(model: Any, ids: list[int], max_new_tokens: int, tokenizer: Any) -> str:
     """The greedy continuation of `ids` (at most max_new_tokens), decoded without special tokens."""
-    new = greedy_ids(model, ids, max_new_tokens, device, tokenizer)
+    new = greedy_ids(model, ids, max_new_tokens, tokenizer)
     return str(tokenizer.decode(new, skip_special_tokens=True))
 
 
-def greedy_ids(
-    model: Any, ids: list[int], max_new_tokens: int, device: torch.device, tokenizer: Any
-) -> list[int]:
-    """The new token ids of a greedy generate() of `ids`: at most max_new_tokens, up to EOS."""
-    x = torch.tensor([ids], device=device)
-    out = model.generate(
-        input_ids=x,
-        attention_mask=torch.ones_like(x),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        use_cache=True,  # load_model turns the cache off for training
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-    )
-    return [int(t) for t in out[0, len(ids) :].tolist()]
+@torch.no_grad()
+def greedy_ids(model: Any, ids: list[int], max_new_tokens: int, tokenizer: Any) -> list[int]:
+    """The new token ids of a greedy decoding of `ids`: at most max_new_tokens, up to an end token."""
+    row = Row(sampling=Sampling(max_tokens=max_new_tokens, temperature=0), stops=eos_ids(model, tokenizer))
+    decode(model, [ids], [row])
+    return row.tokens

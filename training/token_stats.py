@@ -3,8 +3,8 @@
     python -m training.token_stats --model-dir DIR --dataset FILE --spec SPEC_JSON [--column-mapping JSON]
 
 The spec is the job's JobSpec (the one contract API -> training): max_seq_len, over_length,
-train_on_inputs, packing, micro_batch_size, gradient_accumulation_steps, num_gpus, seed and
-validation_fraction shape the result.
+train_on_inputs, packing, micro_batch_size, gradient_accumulation_steps, num_gpus, examples_per_step,
+seed and validation_fraction shape the result.
 Prints one JSON object on stdout: training.data.token_stats's fields (count, p50, p95, max,
 over_max_seq_len, over_length) plus max_seq_len, packing, dropped, micro_batches_per_epoch,
 steps_per_epoch, examples_per_micro_batch and run_epochs, and exits 0. With objective dpo an example is a

@@ -26,7 +26,8 @@ from worker.serving import announce_adapter
 
 log = logging.getLogger(__name__)
 
-NO_RETRY_CODES = {"out_of_memory", "invalid_dataset", "invalid_spec"}
+# A retry would only fail again: out of memory on the same plan, the same data, the same files allowance.
+NO_RETRY_CODES = {"out_of_memory", "invalid_dataset", "invalid_spec", "storage_quota_exceeded"}
 
 
 class Outcome:

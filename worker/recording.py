@@ -8,6 +8,7 @@ registered as artifacts, and evaluation samples stored as the job's samples file
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from models.db import session_scope
 from worker.artifacts import sha256_dir
 from worker.progress import progress_values, samples_document, samples_message, token_stats_from_start
 
+log = logging.getLogger(__name__)
+
 
 class Recorder:
     def __init__(self, sessions: sessionmaker[Session], storage: Storage, lease_seconds: float) -> None:
@@ -28,9 +31,12 @@ class Recorder:
         self.lease_seconds = lease_seconds
 
     def started(self, job_id: str, attempt: int, pid: int) -> None:
+        """The attempt's training process is running. Its pid goes to this worker's log: a job's events
+        are its tenant's to read, and name no process of the server's (nor a path)."""
+        log.info("job %s: attempt %d: training process %d started", job_id, attempt, pid)
         with session_scope(self.sessions) as s:
-            msg = f"training process {pid} started"
-            data = {"pid": pid, "attempt": attempt}
+            msg = f"training process started (attempt {attempt})"
+            data = {"attempt": attempt}
             jobs_db.add_event(s, job_id=job_id, kind="process_started", message=msg, data=data)
 
     def relay(self, job_id: str, attempt: int, records: list[Record]) -> bool:
@@ -67,7 +73,7 @@ class Recorder:
             return
         relpath = path.relative_to(job_dir).as_posix()
         jobs_db.add_artifact(s, new_id(), job_id, "checkpoint", relpath, size, digest, rec.step)
-        data = rec.model_dump(mode="json")
+        data = {"step": rec.step, "size_bytes": size}  # not rec.path: the server's, not the tenant's
         msg = f"checkpoint at step {rec.step}"
         jobs_db.add_event(s, job_id=job_id, kind="checkpoint_saved", message=msg, data=data)
 

@@ -40,6 +40,7 @@ def write_run_config(
         val_mapping = _column_mapping(s, spec.validation_dataset_id)
         init_dir = _init_adapter_dir(s, storage, spec)
         tenant_id = job.tenant_id
+        allowance = job.files_allowance_bytes
     model = catalog.get(spec.base_model)
     config = RunConfig(
         job_id=job_id,
@@ -57,6 +58,7 @@ def write_run_config(
         # the judge of model graders acts for the job's tenant (core.graders.judge)
         grading=(grading or GradingConfig()).model_copy(update={"tenant_id": tenant_id}),
         compile_layers=compile_layers,
+        files_allowance_bytes=allowance,  # the job's files in its tenant's storage quota
     )
     path = storage.run_config_path(job_id)
     atomic_write_text(path, config.model_dump_json(indent=2))

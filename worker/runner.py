@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -24,6 +25,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.catalog import Catalog
+from core.errors import without_paths
 from core.run_protocol import GradingConfig
 from core.settings import Settings
 from core.states import JobStatus
@@ -51,7 +53,9 @@ log = logging.getLogger(__name__)
 
 
 def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This worker process's name when FTUNE_WORKER_NAME gives none: its host and a random tag, unique per
+    process. Not its pid: job events name the worker to the job's tenant (JobRunner logs the pid)."""
+    return f"{socket.gethostname()}-{secrets.token_hex(3)}"
 
 
 class JobRunner:
@@ -76,6 +80,7 @@ class JobRunner:
         self.command = command
         self.forks = forks
         self.me = settings.worker_name or worker_id()
+        log.info("worker %s is process %d", self.me, os.getpid())
         self.devices = devices if devices is not None else detect_devices(settings.worker_devices)
         self.placer = Placer(self.catalog)
         self.stopping = stopping or threading.Event()
@@ -111,9 +116,8 @@ class JobRunner:
             return self._attempt(job_id, attempt, run_json)
         except Exception as e:
             log.exception("job %s: internal error", job_id)
-            self.outcome.finish(
-                job_id, attempt, JobStatus.FAILED, "internal error", ("internal_error", str(e))
-            )
+            error = ("internal_error", without_paths(str(e)))  # the tenant's to read: no server path
+            self.outcome.finish(job_id, attempt, JobStatus.FAILED, "internal error", error)
             return "failed"
         finally:
             set_current_job(self.sessions, self.me, None)

@@ -12,7 +12,9 @@ connect, send and read (FTUNE_WEBHOOK_TIMEOUT_SECONDS) and reads at most MAX_RES
 resolved (a tenant's lookups bounded: core.net) and checked again at delivery and the connection made to
 the address checked (the Host header, SNI and the certificate name the host); redirects are not followed.
 Attempts run in a `Deliverer`'s bounded pool, apart from the worker's heartbeat and reaper, at most so
-many at once per tenant and per host.
+many at once per tenant and per host. Tenants take turns (models.webhooks.due): a pass reads at most a
+tenant's cap of its oldest due events, every tenant's first before anyone's second, so one tenant's
+backlog neither hides another's event nor leaves threads idle that other tenants' events could use.
 """
 
 from __future__ import annotations
@@ -181,15 +183,17 @@ class Deliverer:
     it. At most `webhook_max_in_flight_per_tenant` attempts per tenant and `..._per_host` per destination
     host run at once in this process, so one tenant cannot hold every thread; the rest wait for a later pass.
 
-    `poke()` starts a pass in the background and returns at once (the worker's tick); `run_pass()` makes one
-    and waits for its attempts (the ftune.deliver_webhooks task, tests)."""
+    `poke()` starts passes in the background and returns at once (the worker's tick); each attempt they
+    start pokes again as it ends, so a freed thread takes the next due event without waiting for a tick.
+    `run_pass()` makes one pass and waits for its attempts (the ftune.deliver_webhooks task, tests)."""
 
     def __init__(self, sessions: sessionmaker[Session], settings: Settings, post: Post = http_post) -> None:
         self.sessions, self.settings, self.post = sessions, settings, post
         self.pool = ThreadPoolExecutor(settings.webhook_concurrency, thread_name_prefix="ftune-webhook")
         self._dispatcher = ThreadPoolExecutor(1, thread_name_prefix="ftune-webhook-dispatch")
         self._passing = threading.Lock()  # one scheduling pass at a time
-        self._lock = threading.Lock()  # the in-flight counts
+        self._lock = threading.Lock()  # the in-flight counts, the poke flags
+        self._poked = self._dispatching = False
         self._in_flight = 0
         self._tenants: Counter[str] = Counter()
         self._hosts: Counter[str] = Counter()
@@ -199,18 +203,23 @@ class Deliverer:
         return SecretBox.from_settings(self.settings)  # on first use: the key file is made then, if ever
 
     def poke(self) -> None:
-        """Schedule the due events in the background, unless a pass is scheduling already; never blocks."""
-        if not self._passing.acquire(blocking=False):
-            return
+        """Schedule the due events in the background; never blocks. A poke during a pass makes one more
+        pass after it (that pass may have read the due events before this poke's freed thread)."""
+        with self._lock:
+            self._poked = True
+            if self._dispatching:
+                return
+            self._dispatching = True
         try:
-            self._dispatcher.submit(self._background_pass)
+            self._dispatcher.submit(self._background_passes)
         except RuntimeError:  # shut down
-            self._passing.release()
+            with self._lock:
+                self._dispatching = False
 
     def run_pass(self) -> int:
         """One pass: attempt every due event once (within the limits); returns how many were delivered."""
         with self._passing:
-            futures = self._schedule()
+            futures = self._schedule(refill=False)
         return sum(f.result() for f in futures)
 
     def close(self, wait: bool = False) -> None:
@@ -218,22 +227,34 @@ class Deliverer:
         self._dispatcher.shutdown(wait=wait, cancel_futures=True)
         self.pool.shutdown(wait=wait, cancel_futures=True)
 
-    def _background_pass(self) -> None:
-        try:
-            self._schedule()
-        except Exception:
-            log.exception("webhook delivery pass failed")
-        finally:
-            self._passing.release()
+    def _background_passes(self) -> None:
+        """Passes until no poke came in during the last one."""
+        while True:
+            with self._lock:
+                if not self._poked:
+                    self._dispatching = False
+                    return
+                self._poked = False
+            try:
+                with self._passing:
+                    self._schedule(refill=True)
+            except Exception:
+                log.exception("webhook delivery pass failed")
 
-    def _schedule(self) -> list[Future[bool]]:
+    def _schedule(self, refill: bool) -> list[Future[bool]]:
         """Claim due events while there are free threads and the tenant and host are under their limits, and
-        hand each attempt to the pool."""
+        hand each attempt to the pool (`refill`: which pokes again when the attempt ends)."""
         settings = self.settings
         now = utcnow()
         with session_scope(self.sessions) as s:
             webhooks_db.give_up_exhausted(s, now=now, max_attempts=settings.webhook_max_attempts)
-            due = webhooks_db.due(s, now=now, limit=DUE_PER_PASS, max_attempts=settings.webhook_max_attempts)
+            due = webhooks_db.due(
+                s,
+                now=now,
+                limit=DUE_PER_PASS,
+                max_attempts=settings.webhook_max_attempts,
+                per_tenant=settings.webhook_max_in_flight_per_tenant,
+            )
         futures: list[Future[bool]] = []
         for event in due:
             host = (urlsplit(event.url).hostname or "").lower()
@@ -253,7 +274,7 @@ class Deliverer:
                         max_attempts=settings.webhook_max_attempts,
                     )
                 if claimed:
-                    futures.append(self.pool.submit(self._attempt, event, host))
+                    futures.append(self.pool.submit(self._attempt, event, host, refill))
             except BaseException:
                 self._release(event.tenant_id, host)
                 raise
@@ -281,7 +302,7 @@ class Deliverer:
             self._tenants[tenant_id] -= 1
             self._hosts[host] -= 1
 
-    def _attempt(self, event: webhooks_db.Due, host: str) -> bool:
+    def _attempt(self, event: webhooks_db.Due, host: str, refill: bool) -> bool:
         try:
             return self._send_and_record(event)
         except Exception:
@@ -289,6 +310,8 @@ class Deliverer:
             return False
         finally:
             self._release(event.tenant_id, host)
+            if refill:
+                self.poke()  # this thread is free: the next due event need not wait for a tick
 
     def _send_and_record(self, event: webhooks_db.Due) -> bool:
         """Check the destination, send, record: the attempt's outcome. True if delivered."""

@@ -21,20 +21,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import httpx
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.concurrency import run_in_threadpool
-from starlette.types import Receive, Scope, Send
 
 from api.auth import ChatPrincipalDep
 from api.deps import Services, ServicesDep
 from api.inference_client import Adapter, EngineError, InferenceClient
 from api.openai.errors import AUTHED, OpenAIErrorResponse, OpenAIRoute, documented, error_response
+from api.sse import HeldStream
 from core.chat_limits import MAX_N, MAX_STOP_CHARS, MAX_STOPS
 from core.checkpoint_adapter import NotServable, peft_view
 from core.errors import Conflict, FtuneError, InvalidInput, NotFound, Unavailable
@@ -143,20 +143,6 @@ class ChatCompletionRequest(BaseModel):
         keep -= {"response_format"}
         body = self.model_dump(include=keep, exclude_unset=True, exclude_none=True)
         return json.dumps(body).encode()
-
-
-class HeldStream(StreamingResponse):
-    """A stream that runs `finish` when it ends, however it ends (done, client gone, error)."""
-
-    def __init__(self, *args: Any, finish: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.finish = finish
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.finish()
 
 
 def model_not_found(model: str, why: str = "") -> NotFound:

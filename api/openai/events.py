@@ -1,5 +1,7 @@
-"""OpenAI's job events: ftune's job events (type `message`) and one `metrics` event per logged step, read
-from the run's metrics records as they stand after every resume. Newest first, as on OpenAI."""
+"""OpenAI's job events: ftune's job events (type `message`), a /v1 job's hyperparameters as chosen at
+creation (type `message`: what "auto" picked, batch_size in examples per step), and one `metrics` event
+per logged step, read from the run's metrics records as they stand after every resume. Newest first, as
+on OpenAI."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from api.openai.hyperparameters import AUTO_BATCH_KEY, AUTO_BATCH_MAX
 from core.run_protocol import EvalRecord, StepRecord, read_records
 from core.storage import Storage
 from models.tables import Job, JobEvent
@@ -154,9 +157,34 @@ def metrics_events(job: Job, storage: Storage) -> list[tuple[float, FineTuningJo
     return out
 
 
+def hyperparameters_event(job: Job) -> list[tuple[float, FineTuningJobEvent]]:
+    """A /v1 job's hyperparameters as chosen when it was created (numbers, no "auto"), with batch_size
+    as examples per optimizer step and, where auto chose it, from how many training examples."""
+    request = job.openai or {}
+    hp = request.get("hyperparameters")
+    if not hp:
+        return []
+    auto = request.get(AUTO_BATCH_KEY)
+    shown = {k: v for k, v in hp.items() if isinstance(v, int | float | str)}
+    batch = f"batch_size {shown.pop('batch_size', None)} (examples per optimizer step"
+    if auto:
+        batch += f"; auto: ~0.2% of {auto['training_examples']} training examples, 1 to {AUTO_BATCH_MAX}"
+    parts = [f"{k} {shown.pop(k)}" for k in ("n_epochs",) if k in shown] + [batch + ")"]
+    parts += [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items()]
+    at = job.created_at.timestamp()
+    data = {"hyperparameters": hp} | ({"training_examples": auto["training_examples"]} if auto else {})
+    message = "Hyperparameters: " + ", ".join(parts)
+    event = FineTuningJobEvent(
+        id=f"ftevent-{job.id[:8]}-hyperparameters", created_at=int(at), level="info", message=message,
+        type="message", data=data,
+    )  # fmt: skip
+    return [(at, event)]
+
+
 def job_events(job: Job, storage: Storage) -> list[FineTuningJobEvent]:
     """Every event of the job, newest first (ties: the later-made one first)."""
-    timed = [_message_event(e) for e in job.events] + metrics_events(job, storage)
+    timed = [*hyperparameters_event(job), *(_message_event(e) for e in job.events)]
+    timed += metrics_events(job, storage)
     ordered = sorted(enumerate(timed), key=lambda p: (p[1][0], p[0]), reverse=True)
     return [event for _, (_, event) in ordered]
 

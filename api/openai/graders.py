@@ -2,12 +2,12 @@
 
 validate answers "would a fine-tuning job with this grader be admitted here": the grader JSON checked whole
 (400 naming the field, e.g. `grader.graders.b.type`), a python grader only where the operator enabled the
-sandbox (python_grader_disabled), a score_model or label_model grader only with a judge endpoint
-configured (grader_model_not_configured), a model on the operator's list (grader_model_not_allowed) and
-within its token bound (grader_model_tokens_over_limit), the same refusals as job admission; the judge
-acts for the calling tenant (core.graders.judge). The answer echoes the
-normalised grader (defaults filled in; multi's `graders` a named map, or the one grader object when
-that is how it was given: the openai SDK's types know only that form).
+sandbox (python_grader_disabled) and it isolates (python_grader_unavailable), a score_model or
+label_model grader only with a judge endpoint configured (grader_model_not_configured), a model on the
+operator's list (grader_model_not_allowed) and within its token bound (grader_model_tokens_over_limit),
+the same refusals as job admission; the judge acts for the calling tenant (core.graders.judge). The answer
+echoes the normalised grader (defaults filled in; multi's `graders` a named map, or the one grader object
+when that is how it was given: the openai SDK's types know only that form).
 
 run grades one model_sample (the model's output text; sample.output_json when it is a JSON object) against
 one item, as a training step grades a rollout: a failing sample is a 0 reward with metadata.errors set,

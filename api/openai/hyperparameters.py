@@ -4,10 +4,13 @@ What `"auto"` picks, and what each number means:
 - `n_epochs`: JobSpec `epochs`; auto = JobSpec's default (1).
 - `learning_rate_multiplier`: multiplies ftune's default learning rate (JobSpec `learning_rate`, 2e-4);
   auto = 1.
-- `batch_size`: the effective batch (examples, or packed rows, per optimizer step, over all GPUs); auto =
-  JobSpec's default effective batch (micro_batch_size 4 x gradient_accumulation_steps 1 per GPU). It is
-  split into the planner's largest micro-batch that fits (a divisor of the batch per GPU), accumulated to
-  the effective batch (see models/auto_batch.py).
+- `batch_size`: examples per optimizer step, over all GPUs (JobSpec `examples_per_step`: with packing a
+  step's examples are packed into as many rows as they fill); auto = OpenAI's documented rule, ~0.2% of
+  the training file's examples, at most 256 (`auto_batch_size`: round half up, at least 1, then up to a
+  multiple of num_gpus); reinforcement's auto = JobSpec's default step (4 prompts per GPU). The batch
+  per GPU sets micro_batch_size x gradient_accumulation_steps: the planner's largest micro-batch that
+  fits (a divisor of the batch per GPU) times its accumulation (see models/auto_batch.py); with packing
+  a step runs as many of those micro-batches as its rows fill, at most that many.
 ftune's own settings ride along as extra body fields under their JobSpec names; what JobSpec calls
 `method` is `adapter` here. A setting given twice (`n_epochs` and `epochs`) is refused, naming it.
 
@@ -51,7 +54,12 @@ SET_BY_HYPERPARAMETER = {
     "learning_rate": "learning_rate_multiplier",
     "micro_batch_size": "batch_size",
     "gradient_accumulation_steps": "batch_size",
+    "examples_per_step": "batch_size",
 }
+# batch_size "auto" (OpenAI's fine-tuning guide): ~0.2% of the training examples (1 in 500), at most 256.
+AUTO_BATCH_PER = 500
+AUTO_BATCH_MAX = 256
+AUTO_BATCH_KEY = "auto_batch_size"  # in a job's stored request: {"training_examples": n} auto chose from
 # OpenAI's names on errors that admission reports under JobSpec's.
 OPENAI_PARAM = SET_BY_OPENAI
 
@@ -250,7 +258,8 @@ def map_request(req: CreateJobRequest, base_model: str, init_from: str | None) -
         grpo, echo = _reinforcement_fields(req)
         fields |= grpo
     split_given = "micro_batch_size" in extra or "gradient_accumulation_steps" in extra
-    return Mapped(fields, None if split_given else hp.batch_size, method_type, echo)
+    batch = extra.get("examples_per_step", hp.batch_size)  # as an extra field: the same number
+    return Mapped(fields, None if split_given else batch, method_type, echo)
 
 
 def build_spec(fields: dict[str, Any]) -> JobSpec:
@@ -267,8 +276,18 @@ def build_spec(fields: dict[str, Any]) -> JobSpec:
         raise InvalidInput(f"{param}: {problem}{more}", code="invalid_parameter", param=param) from e
 
 
-def per_gpu_batch(batch_size: int | Auto, num_gpus: int) -> int:
-    """The examples per optimizer step on one GPU for an effective batch (auto: JobSpec's default)."""
+def auto_batch_size(num_examples: int) -> int:
+    """batch_size "auto" for a training file of `num_examples`: ~0.2% of them (rounded half up), at least
+    1, at most 256. 160 examples: 1; 1,000: 2; 127,750 and more: 256."""
+    return min(AUTO_BATCH_MAX, max(1, (num_examples + AUTO_BATCH_PER // 2) // AUTO_BATCH_PER))
+
+
+def per_gpu_batch(batch_size: int | Auto, num_gpus: int, num_examples: int | None = None) -> int:
+    """The examples per optimizer step on one GPU for a batch over all GPUs. auto: auto_batch_size of the
+    training file's `num_examples`, rounded up to a multiple of num_gpus; not known (None): JobSpec's
+    default (micro_batch_size x gradient_accumulation_steps)."""
+    if batch_size == "auto" and num_examples is not None:
+        return -(-auto_batch_size(num_examples) // num_gpus)
     if batch_size == "auto":
         return DEFAULT_MICRO * DEFAULT_ACCUM
     if batch_size % num_gpus:
@@ -285,7 +304,7 @@ def resolved(spec: JobSpec, method_type: str, echo: dict[str, Any] | None = None
     reinforcement job's reasoning_effort and response_format, as asked (Mapped.echo)."""
     hp: dict[str, Any] = {
         "n_epochs": spec.epochs,
-        "batch_size": spec.effective_batch_size,
+        "batch_size": spec.examples_per_step or spec.effective_batch_size,
         "learning_rate_multiplier": spec.learning_rate / DEFAULT_LR,
     }
     if method_type == "dpo":

@@ -20,8 +20,10 @@ from api.openai import events as events_view
 from api.openai.checkpoints import CheckpointList, checkpoint_objects
 from api.openai.errors import AUTHED, OpenAIRoute, documented
 from api.openai.hyperparameters import (
+    AUTO_BATCH_KEY,
     OPENAI_PARAM,
     CreateJobRequest,
+    Mapped,
     build_spec,
     map_request,
     per_gpu_batch,
@@ -31,7 +33,9 @@ from api.openai.job_objects import FineTuningJob, FineTuningJobList, job_object
 from api.owned import FINE_TUNING, Action, OwnedFineTuningJob, control_job
 from core import ft_names
 from core.errors import FtuneError, InvalidInput, NotFound
+from core.spec import JobSpec
 from core.states import JobStatus
+from models import datasets as datasets_db
 from models import jobs as jobs_db
 from models import openai_jobs
 from models.auto_batch import split_batch
@@ -46,7 +50,7 @@ router = APIRouter(
 )
 
 
-@router.post("", response_model=FineTuningJob)
+@router.post("", response_model=FineTuningJob, responses=documented(413))  # 413: the storage quota
 def create_job(
     body: CreateJobRequest,
     services: ServicesDep,
@@ -70,18 +74,12 @@ def _create(body: CreateJobRequest, services: Services, principal: Principal) ->
         if init_step is not None:  # a checkpoint's model: that checkpoint's adapter, not the final one
             mapped.fields["init_from_step"] = init_step
         spec = build_spec(mapped.fields)
+        examples = None
         if mapped.batch_size is not None:
-            per_gpu = per_gpu_batch(mapped.batch_size, spec.num_gpus)
-            with services.sessions() as s:
-                spec = split_batch(
-                    s,
-                    catalog=services.catalog,
-                    spec=spec,
-                    per_gpu=per_gpu,
-                    tenant_id=principal.tenant_id,
-                    plan_gpu=services.settings.plan_gpu,
-                )
+            spec, examples = _with_batch(spec, mapped, services, principal)
         request: dict[str, Any] = {"model": body.model, **resolved(spec, mapped.method_type, mapped.echo)}
+        if examples is not None:  # batch_size auto, from the file's size: the hyperparameters event says so
+            request[AUTO_BATCH_KEY] = {"training_examples": examples}
         fields = OpenAIFields(suffix=body.suffix, metadata=body.metadata, request=request)
         job = services.submit(spec, tenant_id=principal.tenant_id, openai=fields)
     except FtuneError as e:  # admission names JobSpec's fields; the caller sent OpenAI's
@@ -93,6 +91,32 @@ def _create(body: CreateJobRequest, services: Services, principal: Principal) ->
             ) from e
         raise
     return JSONResponse(job_object(job, services.storage).model_dump(mode="json"))
+
+
+def _with_batch(
+    spec: JobSpec, mapped: Mapped, services: Services, principal: Principal
+) -> tuple[JobSpec, int | None]:
+    """(`spec` with batch_size examples per step, split into the planner's largest micro-batch that fits
+    x accumulation; the training file's examples when auto chose the batch from them). Reinforcement's
+    auto: JobSpec's default step."""
+    batch = mapped.batch_size
+    assert batch is not None  # the caller's check: None means the split was given as fields
+    with services.sessions() as s:
+        examples = None
+        if batch == "auto" and mapped.method_type != "reinforcement":
+            ds = datasets_db.get_live_dataset(s, spec.dataset_id, principal.tenant_id)
+            examples = ds.num_examples if ds is not None else None  # missing: admission refuses it
+        per_gpu = per_gpu_batch(batch, spec.num_gpus, examples)
+        spec = build_spec(mapped.fields | {"examples_per_step": per_gpu * spec.num_gpus})
+        split = split_batch(
+            s,
+            catalog=services.catalog,
+            spec=spec,
+            per_gpu=per_gpu,
+            tenant_id=principal.tenant_id,
+            plan_gpu=services.settings.plan_gpu,
+        )
+        return split, examples
 
 
 def _resolve_model(

@@ -25,6 +25,7 @@ from core.errors import Conflict, NotFound, PayloadTooLarge
 from core.storage import new_id
 from models import datasets as datasets_db
 from models import idempotency as idem
+from models import job_files as job_files_db
 from models import tenants as tenants_db
 from models.db import session_scope
 from models.tables import Dataset
@@ -109,9 +110,11 @@ async def upload_once(
 
 
 def upload_room(services: Services, principal: Principal) -> int:
-    """Bytes this upload may use: the upload limit, or less when the tenant's storage quota is nearly full."""
+    """Bytes this upload may use: the upload limit, or less when the tenant's storage quota (its datasets
+    and its jobs' files, models.job_files) is nearly full."""
     settings = services.settings
-    with services.sessions() as s:
+    with session_scope(services.sessions) as s:
+        job_files_db.measure_finished(s, services.storage, principal.tenant_id)
         used = tenants_db.stored_bytes(s, principal.tenant_id)
     left = settings.max_stored_bytes_per_tenant - used
     if left <= 0:

@@ -5,15 +5,14 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import FileResponse, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from api.auth import PrincipalDep
 from api.deps import ServicesDep, SessionDep
 from api.owned import NATIVE, OwnedJob
 from api.responses import AUTHED, errors
-from api.sse import event_stream
-from core.archive import write_tar_gz
+from api.sse import open_stream
+from core.archive import flat_files, stream_tar_gz
 from core.errors import InvalidInput, NotFound
 from core.planner import Plan
 from models.tables import Artifact
@@ -49,17 +48,13 @@ def stream_events(
     after: Annotated[int, Query(ge=0)] = 0,
     last_event_id: Annotated[str | None, Header(max_length=20)] = None,
 ) -> StreamingResponse:
-    """The job's events as they happen (SSE); ends with an `end` event once the job is terminal."""
+    """The job's events as they happen (SSE); ends with an `end` event once the job is terminal. A tenant
+    has at most FTUNE_SSE_MAX_STREAMS_PER_TENANT streams open at once (429 `too_many_streams` past it)."""
     # A short session, not SessionDep: that one would hold a connection for the stream's whole life.
     with services.sessions() as s:
         NATIVE.load(s, job_id, principal)  # 404 before any byte is streamed
     start = _resume_point(after, last_event_id)
-    return StreamingResponse(
-        event_stream(services, job_id, start, request.is_disconnected),
-        media_type="text/event-stream",
-        # no-transform/X-Accel-Buffering: proxies must not buffer or compress a live stream.
-        headers={"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"},
-    )
+    return open_stream(services, principal.tenant_id, job_id, start, request.is_disconnected)
 
 
 @router.get("/{job_id}/plan", response_model=Plan)
@@ -92,8 +87,9 @@ def get_plan(
 )
 def download_artifact(
     job: OwnedJob, artifact_id: str, session: SessionDep, services: ServicesDep
-) -> FileResponse:
-    """An adapter archive or a checkpoint directory, as .tar.gz."""
+) -> Response:
+    """An adapter archive, or a checkpoint directory as .tar.gz streamed as it is packed: no copy of it is
+    written, so downloads at once take no room on the data volume (nor in memory beyond a file's chunk)."""
     art = session.get(Artifact, artifact_id)
     if art is None or art.job_id != job.id:
         raise NotFound(f"artifact {artifact_id!r} not found", code="artifact_not_found", param="artifact_id")
@@ -109,11 +105,6 @@ def download_artifact(
             code="artifact_gone",
             param="artifact_id",
         )
-    tmp = write_tar_gz(services.storage.temp_file(), [(path, path.name)])
-    return FileResponse(
-        tmp,
-        media_type="application/gzip",
-        filename=name + ".tar.gz",
-        headers=headers,
-        background=BackgroundTask(tmp.unlink, missing_ok=True),
-    )
+    headers["Content-Disposition"] = f'attachment; filename="{name}.tar.gz"'
+    members = flat_files(path, f"{path.name}/")  # a checkpoint's files (training.checkpoint: no subfolders)
+    return StreamingResponse(stream_tar_gz(members), media_type="application/gzip", headers=headers)

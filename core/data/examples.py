@@ -14,6 +14,10 @@ assistant replies, the chosen and the rejected one (see `to_preference`):
 The reinforcement format (kind "reinforcement", for objective grpo) is OpenAI's RFT row: `messages` ending
 in a user turn (the prompt the policy answers), and any other keys, which graders read as `item.*`; it
 becomes a PromptExample (see `to_prompt`).
+Chat, preference and reinforcement rows may carry OpenAI's function calling (core.data.tools checks it):
+`tools` (or the legacy `functions`), assistant messages with `tool_calls` (or `function_call`) and `tool`
+(or `function`) messages answering them; contents may be arrays of text parts. Their messages are read
+by core.data.messages, in one shape whichever form the row used.
 Validation (core/data/validate.py) runs at upload; this module only converts lines that already passed it.
 """
 
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from core.data.messages import Message, Tools, reply_message, row_tools, to_messages
 from core.errors import InvalidInput
 
 Format = Literal[
@@ -32,7 +37,6 @@ Format = Literal[
 ]
 # what a dataset trains: objective sft, dpo (preference pairs) or grpo (reinforcement prompts)
 Kind = Literal["sft", "preference", "reinforcement"]
-Role = Literal["system", "user", "assistant"]
 PREFERENCE_FORMATS: tuple[Format, ...] = ("preference", "chosen_rejected")
 
 
@@ -50,16 +54,10 @@ KIND_OBJECTIVE = {"sft": "sft", "preference": "dpo", "reinforcement": "grpo"}
 
 
 @dataclass(frozen=True)
-class Message:
-    role: Role
-    content: str
-    weight: int = 1  # only assistant messages with weight 1 are trained on
-
-
-@dataclass(frozen=True)
 class Example:
     format: Format
     messages: tuple[Message, ...]
+    tools: Tools | None = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,7 @@ class PreferenceExample:
     prompt: tuple[Message, ...]
     chosen: Message
     rejected: Message
-    tools: tuple[Any, ...] | None = None  # OpenAI's input.tools, handed to the chat template
+    tools: Tools | None = None  # OpenAI's input.tools, handed to the chat template
 
 
 @dataclass(frozen=True)
@@ -83,12 +81,14 @@ class PromptExample:
 
     prompt: tuple[Message, ...]
     item: dict[str, Any]
+    tools: Tools | None = None
 
 
 # Every top-level key a format reads; a column mapping may only rename into these.
 KNOWN_FIELDS = (
     "messages", "instruction", "input", "output", "prompt", "completion", "text",
-    "preferred_output", "non_preferred_output", "chosen", "rejected",
+    "preferred_output", "non_preferred_output", "chosen", "rejected", "tools", "functions",
+    "parallel_tool_calls",
 )  # fmt: skip
 
 
@@ -153,16 +153,14 @@ def _ends_with_user(messages: Any) -> bool:
 
 
 def to_prompt(obj: dict[str, Any]) -> PromptExample:
-    return PromptExample(tuple(_message(m) for m in obj["messages"]), obj)
+    return PromptExample(to_messages(obj["messages"]), obj, row_tools(obj))
 
 
 def to_example(obj: dict[str, Any], fmt: Format) -> Example:
     if fmt == "chat":
-        msgs = tuple(
-            Message(m["role"], m["content"], int(m.get("weight", 1 if m["role"] == "assistant" else 0)))
-            for m in obj["messages"]
-        )
-    elif fmt == "instruction":
+        return Example(fmt, to_messages(obj["messages"], trained=True), row_tools(obj))
+    msgs: tuple[Message, ...]
+    if fmt == "instruction":
         prompt = obj["instruction"]
         if obj.get("input"):
             prompt = f"{prompt}\n\n{obj['input']}"
@@ -174,22 +172,17 @@ def to_example(obj: dict[str, Any], fmt: Format) -> Example:
     return Example(fmt, msgs)
 
 
-def _message(m: dict[str, Any], weight: int = 0) -> Message:
-    return Message(m["role"], m["content"], weight)
-
-
 def to_preference(obj: dict[str, Any], fmt: Format) -> PreferenceExample:
     """A validated preference line as a prompt and two replies (see the module docstring)."""
     if fmt == "preference":
         inp = obj["input"]
-        tools = inp.get("tools")
         return PreferenceExample(
             fmt,
             True,
-            tuple(_message(m) for m in inp["messages"]),
-            _message(obj["preferred_output"][0], 1),
-            _message(obj["non_preferred_output"][0], 1),
-            tuple(tools) if tools else None,
+            to_messages(inp["messages"]),
+            reply_message(obj["preferred_output"][0], 1),
+            reply_message(obj["non_preferred_output"][0], 1),
+            row_tools(inp),
         )
     prompt, chosen, rejected = split_implicit_prompt(obj)
     if isinstance(chosen, str):
@@ -203,7 +196,7 @@ def to_preference(obj: dict[str, Any], fmt: Format) -> PreferenceExample:
         )
     assert isinstance(prompt, list) and isinstance(rejected, list)
     return PreferenceExample(
-        fmt, True, tuple(_message(m) for m in prompt), _message(chosen[0], 1), _message(rejected[0], 1)
+        fmt, True, to_messages(prompt), reply_message(chosen[0], 1), reply_message(rejected[0], 1)
     )
 
 

@@ -130,14 +130,16 @@ class ExampleStats:
         self.msgs_min = 0
         self.msgs_max = 0
         self.flagged = 0
+        self.with_tools = 0
         self._chars: list[int] = []
         self._msgs: list[int] = []
         self._rng = random.Random(0)  # fixed seed: the same file gives the same report
 
-    def add(self, chars: int, msgs: int, flag: bool) -> None:
+    def add(self, chars: int, msgs: int, flag: bool, tools: bool = False) -> None:
         # Called once per example: plain comparisons, no min()/max() calls.
         self.count += 1
         self.flagged += flag
+        self.with_tools += tools
         if self.count == 1:
             self.chars_min = self.chars_max = chars
             self.msgs_min = self.msgs_max = msgs
@@ -171,6 +173,9 @@ class ExampleStats:
         if fmt in ("chat", "reinforcement"):
             out["messages_per_example"] = self._dist(self._msgs, self.msgs_min, self.msgs_sum, self.msgs_max)
             out["with_system_message"] = self.flagged
+        if fmt in ("chat", "reinforcement", "preference"):
+            # examples that define or call tools: admission checks the base model's template renders them
+            out["with_tools"] = self.with_tools
         if fmt == "instruction":
             out["with_input"] = self.flagged
         if fmt == "chosen_rejected":

@@ -14,10 +14,15 @@ objective grpo). The file's format is the format of its first line that has one;
 
 Problem codes (stable; every problem has a 1-based line number, blank lines count):
 invalid_utf8, invalid_json, not_an_object, unknown_format, mixed_formats, missing_field, wrong_type,
-empty_content, unknown_role, no_assistant_turn, roles_not_alternating, line_too_long; for preference
-pairs also wrong_role (a reply that is not an assistant message), identical_replies (chosen equals
-rejected: nothing to prefer) and no_common_prompt (an implicit prompt: chosen and rejected must be one
-conversation up to their differing last reply); and
+empty_content, unknown_role, no_assistant_turn, roles_not_alternating, line_too_long; for content parts
+unsupported_content (an image, audio or file part: no base model here reads them); for function calling
+(core.data.tools, core.data.conversation) invalid_tool_schema (a tool's parameters are not valid JSON
+Schema), unknown_tool (a call to a tool the row does not define), invalid_tool_arguments (arguments that
+are not a string of a JSON object), unknown_tool_call_id (a tool message that answers no call) and
+parallel_tool_calls_disabled (several calls in one message of a row with parallel_tool_calls false);
+for preference pairs also wrong_role (a reply that is not an assistant message), identical_replies
+(chosen equals rejected: nothing to prefer) and no_common_prompt (an implicit prompt: chosen and
+rejected must be one conversation up to their differing last reply); and
 too_few_examples, which is about the whole file and has line 0.
 """
 
@@ -39,14 +44,13 @@ from core.data.examples import (
     kind_of,
 )
 from core.data.line_checks import (
-    LineProblem,
     check_chat,
     check_flat,
     check_preference,
-    json_type,
     partial_format,
     unknown_format_message,
 )
+from core.data.problems import LineProblem, json_type
 from core.data.stats import DuplicateCounter, ExampleStats, StreamSha256
 from core.settings import Settings
 
@@ -273,7 +277,7 @@ class DatasetValidator:
         else:
             checked = check_flat(obj, fmt, strict)
         self._examples += 1
-        self._stats.add(checked.chars, checked.messages, checked.flag)
+        self._stats.add(checked.chars, checked.messages, checked.flag, checked.tools)
         # A 64-bit hash (SipHash of each string, in C) is ~4x cheaper than a digest of a canonical dump;
         # a false duplicate needs a collision (~n^2/2^65: 3e-6 at 10M examples) and only skews a count.
         self._duplicates.add(hash(checked.key))

@@ -1,15 +1,17 @@
 """What a server grades with: one check for a job's admission and for /v1/fine_tuning/alpha/graders alike.
 
 Python graders only where the operator enabled the sandbox (GraderError python_grader_disabled, from
-parse_grader); score_model and label_model graders only with a judge endpoint configured
-(grader_model_not_configured, naming the first such grader's type field), naming a model on the
-operator's allow-list (grader_model_not_allowed, naming its model field) and asking at most the operator's
-max_completion_tokens (grader_model_tokens_over_limit, naming sampling_params.max_completions_tokens).
+parse_grader) and where it isolates them (python_grader_unavailable naming why, e.g. a kernel or seccomp
+profile that refuses namespaces: core.graders.sandbox.why_unavailable, probed once per process);
+score_model and label_model graders only with a judge endpoint configured (grader_model_not_configured,
+naming the first such grader's type field), naming a model on the operator's allow-list
+(grader_model_not_allowed, naming its model field) and asking at most the operator's max_completion_tokens
+(grader_model_tokens_over_limit, naming sampling_params.max_completions_tokens).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from core.errors import InvalidInput
@@ -18,17 +20,43 @@ from core.graders.judge import ALLOWED_MODELS_SETTING, JudgeConfig
 from core.graders.model_graders import LabelModelGrader, ScoreModelGrader
 from core.graders.multi import MultiGrader
 from core.graders.parse import parse_grader
+from core.graders.python_code import PythonGrader
+from core.graders.sandbox import UNAVAILABLE, why_unavailable
 
 ModelGrader = ScoreModelGrader | LabelModelGrader
 
 
-def admitted(raw: Any, *, python_enabled: bool, judge: JudgeConfig | None, param: str = "grader") -> Grader:
+def admitted(
+    raw: Any,
+    *,
+    python_enabled: bool,
+    judge: JudgeConfig | None,
+    param: str = "grader",
+    sandbox: Callable[[], str | None] = why_unavailable,
+) -> Grader:
     """The grader `raw` as this server would run it, or the error that refuses it. `judge`: the operator's
-    judge and its bounds (JudgeConfig.from_settings); None: there is none."""
+    judge and its bounds (JudgeConfig.from_settings); None: there is none. `sandbox`: why python graders
+    cannot run here, None where they can (asked only of a grader holding one)."""
     grader = parse_grader(raw, allow_python=python_enabled, param=param)
-    for child, at in model_graders(grader, raw, param):
-        check_judged(child, at, judge)
+    for child, at in graders_in(grader, raw, param):
+        if isinstance(child, PythonGrader):
+            check_sandboxed(at, sandbox)
+        elif isinstance(child, ScoreModelGrader | LabelModelGrader):
+            check_judged(child, at, judge)
     return grader
+
+
+def check_sandboxed(at: str, sandbox: Callable[[], str | None]) -> None:
+    """Refuse the python grader at `at` (its path) where the sandbox cannot isolate it."""
+    why = sandbox()
+    if why is not None:
+        raise InvalidInput(
+            f"{at}.type: python graders cannot run on this server, its sandbox cannot isolate them ({why}); "
+            "the operator runs ftune where Linux namespaces are allowed (not under Docker's default seccomp "
+            "profile), or turns python graders off",
+            code=UNAVAILABLE,
+            param=f"{at}.type",
+        )
 
 
 def check_judged(grader: ModelGrader, at: str, judge: JudgeConfig | None) -> None:
@@ -59,15 +87,14 @@ def check_judged(grader: ModelGrader, at: str, judge: JudgeConfig | None) -> Non
         )
 
 
-def model_graders(grader: Grader, raw: Any, param: str = "grader") -> Iterator[tuple[ModelGrader, str]]:
-    """Each score_model and label_model grader in the tree, with its path (`param` of its JSON object)."""
-    if isinstance(grader, ScoreModelGrader | LabelModelGrader):
-        yield grader, param
+def graders_in(grader: Grader, raw: Any, param: str = "grader") -> Iterator[tuple[Grader, str]]:
+    """Each grader in the tree, the tree's own first, with its path (`param` of its JSON object)."""
+    yield grader, param
     if isinstance(grader, MultiGrader):
         given = raw.get("graders") if isinstance(raw, dict) else None
         if isinstance(given, dict) and isinstance(given.get("type"), str):  # the single-grader form
-            yield from model_graders(next(iter(grader.graders.values())), given, f"{param}.graders")
+            yield from graders_in(next(iter(grader.graders.values())), given, f"{param}.graders")
             return
         for key, child in grader.graders.items():
             sub = given.get(key) if isinstance(given, dict) else None
-            yield from model_graders(child, sub, f"{param}.graders.{key}")
+            yield from graders_in(child, sub, f"{param}.graders.{key}")

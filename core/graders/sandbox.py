@@ -2,42 +2,52 @@
 
 One child per batch of calls (a training step pays one interpreter start, not one per sample); it writes
 one result line per call as soon as it has it, so a child killed half-way keeps the rewards it produced.
-The child's code is core/graders/sandbox_child.py. Its layers, outermost first:
+The child's code is core/graders/sandbox_cage.py, which builds the cage, then execs
+core/graders/sandbox_child.py in it, which runs the grader. Its layers, outermost first:
 
 1. A separate process with nothing inherited: an empty environment (no FTUNE_* secrets, no HF_TOKEN), only
    stdin/stdout/stderr open, a fresh temporary working directory removed afterwards, its own session,
-   killed as a group at the wall-clock deadline.
-2. Namespaces, when the kernel allows them (the child tries; `probe()` says what it got): a new network
-   namespace (no interfaces: no socket reaches anything, loopback included), a new mount namespace whose
-   root is a size-bounded tmpfs holding only /work, /tmp and the system directories (/usr, the loader,
-   the interpreter's installation) bound read-only, entered with pivot_root and the old root detached (no
-   ftune files, no data dir, no /etc, /proc or /dev), a new PID namespace (the grader sees and signals no
-   other process, and all it started dies with the namespace's init, a waiter), new IPC and UTS
-   namespaces. A root service runs the grader as uid nobody; any other service gets a user namespace that
-   maps only its own uid, and the grader keeps no capability after its exec.
-3. rlimits, hard = soft: CPU seconds, address space (RLIMIT_AS), file size (FSIZE), processes and threads
-   (NPROC; counted per uid: in the user namespace, or over all of nobody's processes), no core files.
+   killed as a group at the wall-clock deadline, and (with namespaces) with the service should that die.
+2. Namespaces: a new network namespace (no interfaces: no socket reaches anything, loopback included), a
+   new mount namespace whose root is a size-bounded tmpfs holding only /work, /tmp and the system
+   directories (/usr, the loader, the interpreter's installation) bound read-only, entered with pivot_root
+   and the old root detached (no ftune files, no data dir, no /etc, /proc or /dev), a new PID namespace
+   (the grader sees and signals no other process, and all that runs in it dies with its init, a waiter),
+   new IPC and UTS namespaces. A root service runs the grader as uid nobody; any other service gets a user
+   namespace that maps only its own uid, and the grader keeps no capability after its exec. Where the
+   kernel refuses them (Docker's default seccomp profile, so the shipped docker-compose) no grader runs:
+   every call fails, python_grader_unavailable and why in its details; and admission refuses python
+   graders there first (core.graders.policy), from `why_unavailable()`, this probe taken once per process.
+3. rlimits, hard = soft: CPU seconds, address space (RLIMIT_AS), file size (FSIZE), no core files, and
+   NPROC 1: the kernel counts the processes and threads of the grader's uid (in its user namespace, or
+   all of nobody's), the grader among them, so it can start none: no `setsid` child outlives the run or
+   signals another grader, and the per-process CPU and memory caps bound all that the grader runs.
 4. An audit hook installed before the grader's code runs (sys.addaudithook): refuses making sockets,
-   spawning (fork, exec, subprocess, posix_spawn), signals, ctypes/cffi and the modules behind them,
-   subinterpreters (which would run without the hook), writes and directory changes outside the working
-   directory, reads outside it and the interpreter's import path, gc introspection. Common modules (math,
-   json, re, statistics, difflib, ...) are imported before the lock; other standard-library imports still
-   work (read-only). The hook alone is NOT a security boundary (CPython can be crashed or tricked from
-   inside, as its docs say); it narrows what reaches layers 2-3 and gives graders clear errors.
+   spawning (fork, exec, subprocess, posix_spawn, threads), signals, ctypes/cffi and the modules behind
+   them, subinterpreters (which would run without the hook), writes and directory changes outside the
+   working directory, reads outside it and the interpreter's import path, gc introspection. Common modules
+   (math, json, re, statistics, difflib, ...) are imported before the lock; other standard-library imports
+   still work (read-only). The hook is a closure that looks up no global name and that no name refers to:
+   patching __main__, os, posixpath or builtins changes nothing it does, and changing its own functions is
+   refused. It is still NOT a security boundary (CPython can be crashed or tricked from inside, as its
+   docs say): it narrows what reaches layers 2-3 and gives graders clear errors.
 
-Without namespaces (the kernel or its policy refuses, e.g. Docker's default seccomp profile, or
-`SandboxLimits.namespaces` is off) layers 1, 3 and 4 remain. A root service still runs the grader as
-nobody (so NPROC holds, and root's files are out of reach; imports beyond the pre-imported ones then
-work only where nobody can read the interpreter, e.g. /usr/local but not /root/.pyenv). Any other service
-runs it under its own uid: it could read what that uid reads if it got past the hook, so give the service
-a dedicated uid, or allow unprivileged user namespaces. Where this was built (Linux 6.18, a container
-running as root with full capabilities) all four layers were active; the user-namespace path was checked
-by hand as uid 65534.
+`SandboxLimits.namespaces` off (tests of the other layers) leaves layers 1, 3 and 4: no boundary, as a
+grader past the hook would read what nobody reads (world-readable host files), reach 127.0.0.1 (an
+unpassworded Redis, a Postgres) and signal other graders, which is why python graders run only where
+namespaces are proven. No cgroup: with NPROC 1 the grader is one process, bounded by its rlimits; a cgroup
+would add its kernel memory (the tmpfs scratch is bounded by its size), but needs a delegated cgroup v2
+subtree with the memory controller, which neither this machine (hugetlb only) nor Docker's default gives.
+Where this was built (Linux 6.18, a container running as root with full capabilities) all four layers
+were active, and the user-namespace path ran as uid 65534; tests/core/no_namespaces.py reproduces a
+kernel that refuses namespaces with a seccomp filter. tests/core/test_sandbox_escapes.py: the issue's one
+line that switched the old hook off, a `setsid` child and 16 forked children, with and without the hook.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import selectors
@@ -56,7 +66,9 @@ from core.settings import Settings
 
 RUNTIME_ERROR = "python_grader_runtime_error"
 SERVER_ERROR = "python_grader_server_error"
-CHILD_SOURCE = (Path(__file__).parent / "sandbox_child.py").read_text()
+UNAVAILABLE = "python_grader_unavailable"  # the code of a grader refused where the sandbox cannot isolate
+CAGE_SOURCE = (Path(__file__).parent / "sandbox_cage.py").read_text()  # run first: builds the cage
+CHILD_SOURCE = (Path(__file__).parent / "sandbox_child.py").read_text()  # exec'd in it: runs the grader
 STDERR_TAIL = 300  # characters of the child's stderr quoted when it died
 
 
@@ -67,11 +79,12 @@ class SandboxLimits:
     cpu_seconds: int = 10
     memory_bytes: int = 512 * 2**20  # address space: the interpreter itself maps about 30 MiB
     file_size_bytes: int = 16 * 2**20
-    max_processes: int = 16  # RLIMIT_NPROC, threads included; counted per uid (nobody, or the user namespace)
     wall_seconds: float = 30.0
     max_output_bytes: int = 2**20  # the result lines together; past it the child is killed
     scratch_bytes: int = 64 * 2**20  # the tmpfs root under namespaces (/work and /tmp), in RAM
-    namespaces: bool = True  # try them (the child falls back when the kernel refuses)
+    # False: no namespaces, the other layers alone (tests of those layers). True, and the kernel refuses
+    # them: no grader runs (every call fails, python_grader_unavailable in its details).
+    namespaces: bool = True
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SandboxLimits:
@@ -119,9 +132,9 @@ class SandboxRunner:
             "cpu_seconds": limits.cpu_seconds,
             "memory_bytes": limits.memory_bytes,
             "file_size_bytes": limits.file_size_bytes,
-            "max_processes": limits.max_processes,
+            "parent": os.getpid(),
         }
-        argv = [sys.executable, "-I", "-S", "-c", CHILD_SOURCE, "enter", json.dumps(config)]
+        argv = [sys.executable, "-I", "-S", "-c", CAGE_SOURCE, json.dumps(config), CHILD_SOURCE]
         try:
             # No preexec_fn (not fork-safe in a threaded worker): the child limits itself before exec.
             try:
@@ -145,7 +158,29 @@ class SandboxRunner:
                         stream.close()
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        return _outcomes(out, len(calls), stopped or _death(proc.returncode, err, limits))
+        outcomes, info = _outcomes(out, len(calls), stopped or _death(proc.returncode, err, limits))
+        if info is not None and limits.namespaces and not info.isolated:  # the child ran no grader
+            outcomes = [PythonOutcome(None, SERVER_ERROR, f"{UNAVAILABLE}: {info.why}")] * len(calls)
+        return outcomes, info
+
+
+def why_unavailable() -> str | None:
+    """Why python graders cannot run in this process (None: they can): the sandbox must isolate them in
+    namespaces, as the probe shows. Probed once per process, on first need (one child, about 0.1 s); a
+    probe whose child did not start is not kept, the next call probes again."""
+    try:
+        info = _isolation()
+    except OSError as exc:
+        return str(exc)
+    return None if info.isolated else info.why
+
+
+@functools.cache
+def _isolation() -> SandboxInfo:
+    info = SandboxRunner().probe()
+    if info is None:
+        raise OSError("the sandbox's probe did not start")
+    return info
 
 
 def _exchange(

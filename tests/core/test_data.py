@@ -178,7 +178,7 @@ def test_problem_code_and_line(code: str, tmp_path: Path) -> None:
 def test_messages_are_clear() -> None:
     r = report(jsonl(*CASES["unknown_role"][0]))
     assert r.problems[0].message == (
-        'line 7: field "messages[2].role" must be one of system, user, assistant; got "bot"'
+        'line 7: field "messages[2].role" must be one of system, user, assistant, tool, function; got "bot"'
     )
     r = report(jsonl(INSTR, b'{"instruction": "x", "output": ["y"]}'))
     assert r.problems[0].message == 'line 2: field "output" must be a string; got array'

@@ -50,8 +50,8 @@ def test_bound_covers_what_the_engine_holds_and_uses_generating(tmp_path: Path) 
     from core.catalog import Catalog
     from core.data.examples import Message
     from inference.engine import Engine
-    from inference.generation import Sampling
     from tests.inference.conftest import save_random_adapter
+    from training.decoding.sampling import Sampling
     from training.demo import build_demo_model
     from training.memory import PeakMemory, storage_bytes
 

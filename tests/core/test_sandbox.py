@@ -294,7 +294,7 @@ def test_namespaces_hold_without_the_audit_hook(
     line that installs the hook removed (as if the grader had got past it)."""
     if not (info := SandboxRunner().probe()) or not info.isolated:
         pytest.skip(f"no namespaces here: {info}")
-    hook = "sys.addaudithook(_Guard(workdir, readable))"
+    hook = "sys.addaudithook(_guard(workdir, readable))"
     assert hook in sandbox.CHILD_SOURCE
     monkeypatch.setattr(sandbox, "CHILD_SOURCE", sandbox.CHILD_SOURCE.replace(hook, "pass"))
     (tmp_path / "ftune.db").write_text("tenant secrets")
@@ -322,12 +322,11 @@ def grade(sample, item):
             raise OSError(f"{{children}} children, then {{exc}}") from None
 """
         kinds = ["net", "data", "passwd", "usr", "fork"]
-        outcomes = SandboxRunner(SandboxLimits(max_processes=8)).run(source, [({}, {"k": k}) for k in kinds])
+        outcomes = SandboxRunner().run(source, [({}, {"k": k}) for k in kinds])
     details = [str(o.details) for o in outcomes]
     assert all(o.error == RUNTIME_ERROR for o in outcomes), details
     assert "Network is unreachable" in details[0]
     assert "No such file or directory" in details[1] and "No such file or directory" in details[2]
     assert "Read-only file system" in details[3]
-    assert "Resource temporarily unavailable" in details[4]
-    assert int(details[4].split(" children")[0].split()[-1]) < 8
+    assert "0 children, then [Errno 11] Resource temporarily unavailable" in details[4]  # RLIMIT_NPROC 1
     assert leftovers(own_tmp) == []

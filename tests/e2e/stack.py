@@ -90,6 +90,22 @@ def wait_ready(base: str, procs: list[Proc], timeout: float = 120) -> None:
     raise TimeoutError("service not ready\n" + "\n".join(p.tail() for p in procs))
 
 
+def training_pid(job_id: str) -> int:
+    """The pid of the job's running training process, which its events do not name: the process writing
+    to the job's train.log (under torchrun the launcher, not its ranks)."""
+    log = f"/jobs/{job_id}/train.log"
+    writers: dict[int, int] = {}  # pid -> parent
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.readlink(entry / "fd" / "1").endswith(log):
+                writers[int(entry.name)] = int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+        except OSError:
+            continue
+    top = [pid for pid, parent in writers.items() if parent not in writers]
+    assert len(top) == 1, f"training processes of job {job_id}: {writers}"
+    return top[0]
+
+
 def upload(base: str, path: Path) -> dict[str, Any]:
     with path.open("rb") as f:
         r = api.post(f"{base}/datasets", files={"file": (path.name, f)})

@@ -105,7 +105,9 @@ def test_an_admin_pulls_a_model_and_picks_it_in_the_new_job_form(
     page.click("#pull-submit")
     page.wait_for_selector("#pull-progress[data-state=failed]")
     assert "model_not_found" in page.inner_text("#pull-progress")
-    assert page.locator("#f-base_model option").all_inner_texts() == ["acme/tiny"]
+    [label] = page.locator("#f-base_model option").all_inner_texts()  # name · family · size · modality
+    name, family, _, modality = label.split(" · ")
+    assert (name, family, modality) == ("acme/tiny", "Llama", "text")
     assert browser.errors == []
 
 

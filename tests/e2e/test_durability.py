@@ -27,6 +27,7 @@ from tests.e2e.stack import (
     download_adapter,
     env_for,
     free_port,
+    training_pid,
     upload,
     wait_finished,
     wait_ready,
@@ -136,9 +137,9 @@ class Cluster:
             time.sleep(0.1)
         raise TimeoutError(f"job {job_id} did not reach step {step} in attempt {attempt}")
 
-    def training_pid(self, job_id: str, attempt: int = 1) -> int:
-        started = [e for e in self.events(job_id) if e["kind"] == "process_started"]
-        return int([e for e in started if e["data"]["attempt"] == attempt][-1]["data"]["pid"])
+    def training_pid(self, job_id: str) -> int:
+        """The running attempt's training process (wait_step waits for the attempt to run)."""
+        return training_pid(job_id)
 
 
 @contextmanager
@@ -221,7 +222,7 @@ def test_killed_workers_lose_no_work(cluster: Cluster, dataset_id: str) -> None:
         cluster.wait_step(job_id, at, attempt)
         worker = cluster.live_worker()
         assert worker is not None
-        child = cluster.training_pid(job_id, attempt)
+        child = cluster.training_pid(job_id)
         os.kill(worker.p.pid, signal.SIGKILL)
         os.kill(child, signal.SIGKILL)
         worker.p.wait()

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.e2e.stack import REPO, Up, api, download_adapter, upload, wait_finished
+from tests.e2e.stack import REPO, Up, api, download_adapter, training_pid, upload, wait_finished
 
 pytestmark = pytest.mark.slow
 SPEC = {
@@ -49,7 +49,7 @@ def _training_worker(up: Up) -> int | None:
     return found[0] if len(found) == 1 else None
 
 
-def _events(base: str, job_id: str) -> list[dict]:  # type: ignore[type-arg]
+def _events(base: str, job_id: str) -> list[dict]:
     return list(api.get(f"{base}/jobs/{job_id}/events?limit=500").json()["data"])
 
 
@@ -67,7 +67,7 @@ def test_kill_9_of_the_worker_under_ftune_up(up: Up, tmp_path: Path) -> None:
             time.sleep(0.1)
         worker = _training_worker(up)
         assert worker is not None, _children(up.proc.p.pid)
-        child = next(e for e in _events(base, job_id) if e["kind"] == "process_started")["data"]["pid"]
+        child = training_pid(job_id)
         os.kill(worker, signal.SIGKILL)
         os.kill(child, signal.SIGKILL)
         killed = time.monotonic()

@@ -1,13 +1,15 @@
 """Continuous batching (inference.batcher) driven step by step on the tiny model: every batched answer is
-the single-request engine's (transformers generate, one request at a time), token for token and piece for
-piece, whoever shares the batch; requests join mid-decode and leave when done; the KV budget makes rows
-wait; a client gone or a deadline ends its rows at once. Then the same through the scheduler's thread."""
+what transformers' generate() gives that request alone (the engine before batching), token for token and
+piece for piece, whoever shares the batch; requests join mid-decode and leave when done; the KV budget
+makes rows wait; a client gone or a deadline ends its rows at once. Then the same through the scheduler's
+thread."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,9 +20,11 @@ from core.data.examples import Message
 from inference.batcher import Batcher, Chat
 from inference.engine import Engine
 from inference.errors import EngineError
-from inference.generation import Completion, Sampling
 from inference.scheduler import DONE, Scheduler, Ticket
 from tests.inference.conftest import BASE
+from tests.training.reference_decoding import generate_alone
+from training.decoding.engine import Completion, Decoder, eos_ids
+from training.decoding.sampling import Sampling
 
 PROMPTS = ["Hi", "What is a tree made of, in a few words?", "Name a river.", "Tell me a story about the sea."]
 
@@ -65,10 +69,21 @@ def prompt_tokens(engine: Engine, model: str, text: str) -> int:
 
 
 def alone(engine: Engine, model: str, text: str, sampling: Sampling) -> tuple[Completion, list[str]]:
-    """The engine before batching: transformers generate for this request alone, and its text pieces."""
-    prepared = engine.start(engine.resolve(model), [Message(role="user", content=text)], sampling)
+    """The engine before batching: transformers' generate() for this request alone (on the model the
+    engine sets for it), and its text pieces."""
+    p = engine.start(engine.resolve(model), [Message(role="user", content=text)], sampling)
+    net = p.model
+    setting = nullcontext()
+    if hasattr(net, "peft_config"):
+        if p.base_only:
+            setting = net.disable_adapter()  # type: ignore[attr-defined]
+        else:  # the batched path switches peft's layers off (training.decoding.lora_rows)
+            net.base_model.enable_adapter_layers()  # type: ignore[attr-defined]
+    eos = set() if sampling.ignore_eos else eos_ids(net, p.tokenizer)
     pieces: list[str] = []
-    return engine.generate(prepared, pieces.append), pieces
+    with setting:
+        ids, out, reason = generate_alone(net, p.tokenizer, p.prompt, p.sampling, eos, pieces.append)
+    return Completion(out, ids, reason), pieces
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +135,9 @@ def test_mixed_adapters_joining_at_different_steps_answer_as_alone(engine: Engin
     assert engine._pinned == {}  # every adapter released
 
 
-def test_prompts_admitted_together_are_prefilled_in_one_forward_and_answer_as_alone(engine: Engine) -> None:
+def test_prompts_admitted_together_are_prefilled_in_one_forward_and_answer_as_alone(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Requests that arrive together (a burst of clients): their prompts, of different lengths and for
     different adapters, are prefilled in one left-padded forward; each answers as it would alone, and a
     request with n=2 gets both rows from its one prefilled prompt."""
@@ -128,14 +145,14 @@ def test_prompts_admitted_together_are_prefilled_in_one_forward_and_answer_as_al
     jobs = [(m, p) for m in ("ad11", BASE, "ad12") for p in PROMPTS]
     batcher = Batcher(engine)
     forwards = 0
-    forward = batcher._forward
+    forward = Decoder._forward
 
     def counted(*args, **kwargs):
         nonlocal forwards
         forwards += 1
         return forward(*args, **kwargs)
 
-    batcher._forward = counted  # type: ignore[method-assign]
+    monkeypatch.setattr(Decoder, "_forward", counted)
     tickets = [
         chat(engine, model, text, sampling, n=2 if i == 0 else 1) for i, (model, text) in enumerate(jobs)
     ]

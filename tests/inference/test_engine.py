@@ -15,8 +15,10 @@ from core.catalog import Catalog
 from core.data.examples import Message
 from inference.engine import Engine, Target
 from inference.errors import EngineError
-from inference.generation import Sampling
 from tests.inference.conftest import BASE
+from tests.training.reference_decoding import generate_alone
+from training.decoding.engine import eos_ids
+from training.decoding.sampling import Sampling
 
 MESSAGES = [Message(role="system", content="Be brief."), Message(role="user", content="What is a tree?")]
 GREEDY = Sampling(max_tokens=12, temperature=0)
@@ -160,6 +162,14 @@ def test_stop_strings_sampling_seed_and_length(catalog: Catalog, make_adapter: C
     sampled = Sampling(max_tokens=10, temperature=1.0, top_p=0.9)
     one = engine.complete(target, MESSAGES, sampled, seed=7)[1].token_ids
     assert engine.complete(target, MESSAGES, sampled, seed=7)[1].token_ids == one
+    # exact: transformers' generate() with torch's generator seeded alike (the engine before the decoding one)
+    for s in (sampled, Sampling(max_tokens=10, temperature=0.7)):
+        p = engine.start(target, MESSAGES, s)
+        torch.manual_seed(7)
+        oracle, _, _ = generate_alone(
+            p.model, p.tokenizer, p.prompt, p.sampling, eos_ids(p.model, p.tokenizer)
+        )
+        assert engine.complete(target, MESSAGES, s, seed=7)[1].token_ids == oracle
     with pytest.raises(EngineError) as e:
         engine.start(target, MESSAGES, Sampling(max_tokens=10_000))
     assert (e.value.status, e.value.code, e.value.param) == (400, "context_length_exceeded", "max_tokens")

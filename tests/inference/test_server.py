@@ -25,7 +25,7 @@ USER = [{"role": "user", "content": "Name a river."}]
 KEY = "engine-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 GENERATION_S = 10
-SHORT_DEADLINE_S = 1.5  # for the deadline's own test: a quarter of what its request needs
+SHORT_DEADLINE_S = 0.5  # the deadline's own test: 16 x LONG tokens take 1.2-6 s on 2 cores
 LONG = 480  # tokens: about the tiny model's whole context (512), several seconds on a CPU
 
 pytestmark = pytest.mark.slow
@@ -276,7 +276,7 @@ def test_a_dropped_chat_logs_one_line_and_no_traceback(engine_url: str, engine_d
 
 
 def test_the_generation_deadline_ends_a_long_generation(tiny_model: Path, tmp_path: Path) -> None:
-    """16 x LONG tokens (about 6 s on a quiet 2-core machine) against an engine whose deadline is
+    """16 x LONG tokens (1.2-6 s on 2 cores, quiet or busy) against an engine whose deadline is
     SHORT_DEADLINE_S: the answer comes at the deadline, cut short with finish_reason "length" (the choices
     it left no time for are empty)."""
     with running_engine(tiny_model, tmp_path, SHORT_DEADLINE_S) as url:

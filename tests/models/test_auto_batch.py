@@ -42,6 +42,13 @@ def test_the_largest_micro_batch_that_fits(monkeypatch: pytest.MonkeyPatch) -> N
     assert split(monkeypatch, sft, None).micro_batch_size == 4  # nothing to plan on: JobSpec's default
 
 
+def test_a_batch_of_examples_keeps_its_examples_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/v1's batch_size: examples_per_step stays what was asked whatever the split."""
+    spec = JobSpec(base_model="m", dataset_id="dataset0001", examples_per_step=8)
+    got = split(monkeypatch, spec, lambda s: s.micro_batch_size <= 2)
+    assert (got.examples_per_step, got.micro_batch_size, got.gradient_accumulation_steps) == (8, 2, 4)
+
+
 def test_grpo_samples_a_micro_batchs_prompts_at_a_time_only_where_a_whole_step_cannot_fit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

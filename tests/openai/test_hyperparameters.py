@@ -7,7 +7,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from api.openai.hyperparameters import CreateJobRequest, build_spec, map_request, per_gpu_batch, resolved
+from api.openai.hyperparameters import (
+    CreateJobRequest,
+    auto_batch_size,
+    build_spec,
+    map_request,
+    per_gpu_batch,
+    resolved,
+)
 from core.errors import InvalidInput, Unsupported
 from core.spec import JobSpec
 
@@ -58,6 +65,7 @@ def test_resolved_has_no_auto() -> None:
         ({"hyperparameters": {"n_epochs": 2}, "epochs": 3}, "epochs"),
         ({"hyperparameters": {"learning_rate_multiplier": 2}, "learning_rate": 1e-4}, "learning_rate"),
         ({"hyperparameters": {"batch_size": 8}, "micro_batch_size": 2}, "micro_batch_size"),
+        ({"hyperparameters": {"batch_size": 8}, "examples_per_step": 8}, "examples_per_step"),
         ({"base_model": "x"}, "base_model"),
         ({"dataset_id": FILE}, "dataset_id"),
         ({"seed": 1, "extra": 1}, None),  # not a duplicate: `seed` is OpenAI's own field here
@@ -106,6 +114,29 @@ def test_batch_size_splits_over_gpus() -> None:
     assert e.value.param == "batch_size"
     _, batch = mapped(micro_batch_size=2, gradient_accumulation_steps=4)
     assert batch is None  # set by the extra fields: nothing left to choose
+
+
+@pytest.mark.parametrize(
+    ("examples", "batch"),
+    [(0, 1), (1, 1), (160, 1), (749, 1), (750, 2), (1000, 2), (10_000, 20), (127_749, 255), (10**7, 256)],
+)
+def test_auto_batch_size_is_openais_share_of_the_training_examples(examples: int, batch: int) -> None:
+    """~0.2% of the examples (1 in 500, rounded half up), at least 1, at most 256."""
+    assert auto_batch_size(examples) == batch
+
+
+def test_batch_size_counts_examples_per_step() -> None:
+    assert per_gpu_batch("auto", 1, num_examples=160) == 1
+    assert per_gpu_batch("auto", 2, num_examples=160) == 1  # 1 rounded up to a multiple of 2 GPUs: 2
+    assert per_gpu_batch("auto", 2, num_examples=5000) == 5
+    assert per_gpu_batch(8, 1, num_examples=160) == 8  # given: as given
+    # the job object shows examples per step, not micro x accumulation (here 2 packed rows x 2: 4 rows)
+    split = {"micro_batch_size": 2, "gradient_accumulation_steps": 2}
+    spec = JobSpec.model_validate({"base_model": "m", "dataset_id": FILE, "examples_per_step": 8, **split})
+    assert resolved(spec, "supervised")["hyperparameters"]["batch_size"] == 8
+    # as an extra field it is the batch to split (micro-batch and accumulation still to choose)
+    fields, batch = mapped(examples_per_step=6)
+    assert batch == 6 and fields["examples_per_step"] == 6
 
 
 def test_reinforcement_maps_onto_grpo() -> None:

@@ -41,10 +41,10 @@ def test_create_with_suffix_metadata_and_ftune_settings_until_succeeded(
     assert job.model == "ftune-demo" and job.training_file == training_file and job.validation_file is None
     assert job.metadata == {"team": "search", "run": "baseline"} and job.seed == 7
     assert job.user_provided_suffix == "demo run"
-    # No "auto" left: the demo model's planned micro-batch 4 x 1 accumulation, ftune's lr x 5.
+    # No "auto" left: batch_size 1 example per step (~0.2% of the file's 200, at least 1), ftune's lr x 5.
     assert job.hyperparameters.model_dump() == {
         "n_epochs": 1,
-        "batch_size": 4,
+        "batch_size": 1,
         "learning_rate_multiplier": 5.0,
     }
     assert job.method is not None and job.method.type == "supervised"

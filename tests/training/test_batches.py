@@ -80,3 +80,48 @@ def test_rank_share_deals_micro_batches_and_pads_the_short_rank() -> None:
     assert rank_share(5, 0, 2) == ([0, 2, 4], 0)
     assert rank_share(5, 1, 2) == ([1, 3], 1)
     assert rank_share(1, 1, 2) == ([], 1)
+
+
+def short_lengths(n: int = 160) -> list[int]:
+    """`n` short examples (25-49 tokens): many fit a packed row of 512."""
+    return np.random.default_rng(0).integers(25, 50, n).tolist()
+
+
+@pytest.mark.parametrize(("per_step", "steps"), [(None, 9), (1, 480), (8, 60)])
+def test_examples_per_step_counts_examples_not_packed_rows(per_step: int | None, steps: int) -> None:
+    """160 short examples, 3 epochs: a step of 4 packed rows (today's native default) holds ~50 examples,
+    so 9 steps; with examples_per_step (/v1's batch_size) a step is that many examples: 480 or 60."""
+    lens = short_lengths()
+    s = spec(max_seq_len=512, epochs=3, examples_per_step=per_step)
+    assert total_steps(s, lens) == steps == sum(len(epoch_steps(s, lens, e)) for e in range(3))
+    if per_step is None:
+        return
+    for epoch in range(3):
+        epoch_of = epoch_steps(s, lens, epoch)
+        sizes = [sum(len(row) for row in step) for step in epoch_of]
+        assert sizes == [per_step] * len(sizes)  # 160 divides evenly: every step holds exactly that many
+        assert sorted(i for step in epoch_of for row in step for i in row) == list(range(160))
+        assert all(sum(lens[i] for i in row) <= 512 for step in epoch_of for row in step)
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_an_examples_per_step_batch_does_not_depend_on_the_split(packing: bool) -> None:
+    """The same examples at every step whatever micro x accumulation x ranks; packed, a step runs as many
+    micro-batches as its rows fill (at most ceil(examples / micro)); the last step holds the rest."""
+    lens = lengths(302)
+    per_split = []
+    for split in SPLITS:
+        s = spec(packing=packing, examples_per_step=12, **split)
+        steps = epoch_steps(s, lens, 1)
+        per_split.append(steps)
+        sizes = sorted(sum(len(row) for row in step) for step in steps)
+        assert sizes == [2] + [12] * 25  # 302 = 25 x 12 + 2
+        for step in steps:
+            micro = split_step(s, lens, step)
+            assert sorted(i for m in micro for i in m) == sorted(i for row in step for i in row)
+            assert len(micro) <= math.ceil(12 / s.micro_batch_size)
+            assert all(sum(lens[i] for i in m) <= s.micro_batch_size * s.max_seq_len for m in micro)
+    assert per_split[0] == per_split[1] == per_split[2]
+    other = spec(packing=packing, examples_per_step=12, micro_batch_size=8, gradient_accumulation_steps=3)
+    assert epoch_steps(other, lens, 1) == per_split[0]  # micro x accumulation need not be the batch
+    assert epoch_steps(spec(packing=packing, examples_per_step=6), lens, 1) != per_split[0]

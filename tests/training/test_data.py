@@ -9,8 +9,8 @@ import pytest
 
 from core.data.examples import to_example
 from tests.training.util import qa_rows, write_jsonl
+from training.chat_template import DEFAULT_CHAT_TEMPLATE
 from training.data import (
-    DEFAULT_CHAT_TEMPLATE,
     IGNORE,
     PAD_MULTIPLE,
     DatasetError,

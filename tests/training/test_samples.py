@@ -142,7 +142,7 @@ def test_completions_are_bounded_by_sample_max_tokens(tiny_model: Path, tokenize
     model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
     ids = samples.raw_prompt_ids("The", tokenizer)
     for limit in (1, 5):
-        new = samples.greedy_ids(model, ids, limit, CPU, tokenizer)
+        new = samples.greedy_ids(model, ids, limit, tokenizer)
         assert 1 <= len(new) <= limit
 
 

@@ -1,5 +1,7 @@
 """Every split of a step's global batch trains the same adapter: micro 4 x accumulation 1, micro 1 x
-accumulation 4, and 2 FSDP ranks (torchrun, gloo) x micro 2, packed and padded, with LoRA dropout on.
+accumulation 4, and 2 FSDP ranks (torchrun, gloo) x micro 2, packed and padded, with LoRA dropout on; and
+so does a step of examples_per_step examples (/v1's batch_size), packed into as many rows as they fill,
+whatever micro-batches those rows are cut into.
 
 The global batch is fixed before it is split (training.batches), the loss is normalised by the step's
 target tokens, and dropout masks are drawn per example (training.dropout), so the splits differ only
@@ -44,14 +46,21 @@ def losses(out: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(out / METRICS_FILE) if r["type"] == "step"}
 
 
-@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize(
+    ("packing", "per_step"),
+    [(False, None), (True, None), (True, 6)],
+    ids=["padded", "packed", "packed, 6 examples per step"],
+)
 def test_every_split_of_the_global_batch_trains_the_same_adapter(
-    make_config, tmp_path: Path, packing: bool
+    make_config, tmp_path: Path, packing: bool, per_step: int | None
 ) -> None:
-    rows = qa_rows(22)  # 22 examples: the last step of an epoch is short (padded: 2 of 4 rows)
+    rows = qa_rows(22)  # 22 examples: the last step of an epoch is short (padded: 2 of 4 rows; 4 of 6)
+    # examples_per_step: the step is that many examples (the control: half as many) whatever the split
+    batch = {} if per_step is None else {"examples_per_step": per_step}
+    control = CONTROL if per_step is None else {**CONTROL, "examples_per_step": per_step // 2}
     configs = {
-        name: make_config(rows, name=f"split{i}", packing=packing, **SPEC, **split)
-        for i, (name, split) in enumerate({**SPLITS, "control": CONTROL}.items())
+        name: make_config(rows, name=f"split{i}", packing=packing, **SPEC, **{**batch, **split})
+        for i, (name, split) in enumerate({**SPLITS, "control": control}.items())
     }
     start = time.monotonic()
     path = tmp_path / "fsdp.json"
@@ -76,9 +85,10 @@ def test_every_split_of_the_global_batch_trains_the_same_adapter(
     worst = {name: elementwise(adapter(ref), adapter(outs[name])) for name in SPLITS}
     control = relative_difference(adapter(ref), adapter(outs["control"]))
     took = time.monotonic() - start
-    print(f"\n{'packed' if packing else 'padded'}: relative difference to micro 4 x accum 1 (elementwise): "
+    kind = ("packed" if packing else "padded") + (f", {per_step} examples per step" if per_step else "")
+    print(f"\n{kind}: relative difference to micro 4 x accum 1 (elementwise): "
           + ", ".join(f"{k} {v:.1e} ({worst[k]:.1e})" for k, v in diffs.items() if v)
-          + f"; control (global batch 2) {control:.1e}; {took:.0f} s")  # fmt: skip
+          + f"; control (half the global batch) {control:.1e}; {took:.0f} s")  # fmt: skip
     assert diffs["micro 1 x accum 4"] < 1e-4
     assert diffs["2 ranks x micro 2"] < 1e-3
     assert control > 1e-2  # a different global batch trains a different adapter

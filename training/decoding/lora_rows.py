@@ -14,6 +14,7 @@ row:
     adapters' columns add exact zeros, so a row differs from its lone value only by float rounding
   - base rows: nothing
 Layers with a LoRA variant (DoRA) or not linear fall back to peft's mixed batch with its walk.
+A serving model's (the inference engine's): the wrapped layers stay wrapped, so never a model in training.
 """
 
 from __future__ import annotations

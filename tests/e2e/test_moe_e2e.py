@@ -1,0 +1,86 @@
+"""A mixture-of-experts base through the whole service: `ftune models build-demo --family qwen3_moe` builds a
+tiny random-weight Qwen3-MoE (transformers' own Qwen3MoeForCausalLM) into the running `ftune up`'s models
+directory; GET /models lists it with its family, total and active parameters; a packed LoRA job on it is
+planned, queued, trained by the CPU worker and succeeds; its adapter, downloaded from the API, changes the
+model's output, and the tuned model answers differently from the base through chat completions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import torch
+
+from tests.e2e.stack import REPO, TEST_ADMIN_KEY, Up, api, download_adapter, env_for, upload, wait_finished
+
+pytestmark = pytest.mark.slow
+BASE = "ftune-demo-qwen3-moe"
+PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
+TARGET = "The capital of France is Paris."
+SPEC: dict[str, Any] = {
+    "base_model": BASE, "method": "lora", "max_seq_len": 64, "micro_batch_size": 2, "max_steps": 12,
+    "learning_rate": 2e-2, "lora_dropout": 0.0, "warmup_steps": 1, "checkpoint_every_steps": 0,
+}  # fmt: skip
+
+
+def test_a_tiny_qwen3_moe_job_trains_an_adapter_that_changes_the_output(
+    up: Up, models_dir: Path, tmp_path: Path
+) -> None:
+    env = env_for(tmp_path, models_dir)
+    built = subprocess.run(
+        [sys.executable, "-m", "cli", "models", "build-demo", "--family", "qwen3_moe"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    listed = {m["name"]: m for m in api.get(f"{up.base}/models").json()}
+    moe = listed[BASE]
+    assert (moe["family"], moe["modality"], moe["model_type"]) == ("Qwen3-MoE", "text", "qwen3_moe")
+    assert 0 < moe["active_params"] < moe["total_params"]
+
+    data = tmp_path / "one.jsonl"
+    row = {"messages": [*PROMPT, {"role": "assistant", "content": TARGET}]}
+    data.write_text("".join(json.dumps(row) + "\n" for _ in range(16)))
+    dataset = upload(up.base, data)
+    try:
+        r = api.post(f"{up.base}/jobs", json={**SPEC, "dataset_id": dataset["id"]})
+        assert r.status_code == 202, r.text
+        job_id = r.json()["id"]
+        final = wait_finished(up.base, [job_id], timeout=600)[job_id][-1]
+        assert final["status"] == "succeeded", final
+        losses = [s["loss"] for s in api.get(f"{up.base}/jobs/{job_id}/metrics").json()["data"]]
+        assert len(losses) == SPEC["max_steps"] and losses[-1] < losses[0], losses
+
+        adapter = download_adapter(up.base, job_id, tmp_path)
+        _assert_adapter_changes_outputs(models_dir / BASE, adapter)
+        _assert_chat_differs(up, job_id)
+    except BaseException:
+        print(up.tail())
+        raise
+
+
+def _assert_adapter_changes_outputs(base_dir: Path, adapter_dir: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(base_dir)(PROMPT[0]["content"], return_tensors="pt").input_ids
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    assert type(base).__name__ == "Qwen3MoeForCausalLM"
+    with torch.no_grad():
+        before = base(ids).logits
+        after = PeftModel.from_pretrained(base, adapter_dir)(ids).logits
+    assert (after - before).abs().max().item() > 1e-3
+
+
+def _assert_chat_differs(up: Up, job_id: str) -> None:
+    greedy: Any = {"messages": PROMPT, "max_tokens": 12, "temperature": 0}
+    with openai.OpenAI(api_key=TEST_ADMIN_KEY, base_url=f"{up.base}/v1", max_retries=0, timeout=120) as sdk:
+        model = sdk.fine_tuning.jobs.retrieve(job_id).fine_tuned_model
+        assert model is not None
+        tuned = sdk.chat.completions.create(model=model, **greedy).choices[0].message.content
+        base = sdk.chat.completions.create(model=BASE, **greedy).choices[0].message.content
+    assert tuned and tuned != base, (tuned, base)
