@@ -33,6 +33,7 @@ from api.routes import (
     webhooks,
     workers,
 )
+from core.graders import sandbox
 from core.secretbox import SecretBox
 from core.settings import Settings, get_settings
 from models import webhooks as webhooks_db
@@ -63,6 +64,12 @@ def startup(services: Services) -> None:
             log.info("sealed %d webhook secrets stored in plain text before secrets were sealed", sealed)
     if not services.settings.redis_url:
         log.warning("FTUNE_REDIS_URL is not set: jobs are stored but no worker will be woken")
+    if services.settings.python_grader_enabled:  # probed now, so the log says at start what graders get
+        why = sandbox.why_unavailable()
+        if why:
+            log.warning("python graders are enabled but refused here (python_grader_unavailable): %s", why)
+        else:
+            log.info("python graders: the sandbox isolates them (namespaces proven by its probe)")
 
 
 @asynccontextmanager

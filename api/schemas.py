@@ -106,6 +106,10 @@ class ModelOut(BaseModel):
     architecture: str
     model_type: str
     revision: str | None = None  # the Hub commit it was pulled at (or its HF cache snapshot); None: by hand
+    family: str = ""  # e.g. "Qwen3-MoE", "Llama" (its model_type where ftune does not read the family)
+    modality: str = "text"
+    total_params: int | None = None  # None: a family the planner cannot read
+    active_params: int | None = None  # parameters one token uses: fewer than total for a mixture of experts
 
 
 T = TypeVar("T")

@@ -95,7 +95,14 @@ def cmd_reaper(args: argparse.Namespace) -> int:
 def cmd_models_build_demo(args: argparse.Namespace) -> int:
     from training.demo import build_demo_model
 
-    path = build_demo_model(get_settings().models_dir, force=args.force)
+    models_dir = get_settings().models_dir
+    if args.family == "llama":
+        path = build_demo_model(models_dir, force=args.force)
+    else:  # a tiny mixture-of-experts base of transformers' own class (training.demo_moe)
+        from training.demo_moe import build_moe_model
+
+        name = f"ftune-demo-{args.family.replace('_', '-')}"
+        path = build_moe_model(models_dir, name=name, family=args.family, force=args.force)
     print(f"demo model ready: {path}")
     return 0
 
@@ -105,7 +112,10 @@ def cmd_models_list(_: argparse.Namespace) -> int:
 
     settings = get_settings()
     for m in Catalog(settings.models_dir, settings.hf_cache_dir).list():
-        print(f"{m.name}\t{m.architecture}\t{m.source}\t{m.path}")
+        size = f"{m.total_params:,}" if m.total_params else "?"
+        if m.active_params and m.active_params != m.total_params:
+            size += f" ({m.active_params:,} active)"
+        print(f"{m.name}\t{m.architecture}\t{m.source}\t{m.path}\t{m.family}\t{size}\t{m.modality}")
     return 0
 
 
@@ -326,6 +336,13 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="base models").add_subparsers(dest="models_command", required=True)
     demo = models.add_parser("build-demo", help="build the small local demo model")
     demo.add_argument("--force", action="store_true")
+    demo.add_argument(
+        "--family",
+        choices=["llama", "qwen3_moe", "mixtral"],
+        default="llama",
+        help="llama: ftune-demo; qwen3_moe / mixtral: a tiny random-weight mixture-of-experts base, "
+        "ftune-demo-qwen3-moe / ftune-demo-mixtral",
+    )
     demo.set_defaults(fn=cmd_models_build_demo)
     models.add_parser("list", help="list local base models").set_defaults(fn=cmd_models_list)
     pull = models.add_parser(

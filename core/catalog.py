@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.arch import describe
 from core.errors import NotFound
 from core.spec import MODEL_NAME_RE
 
@@ -27,6 +28,11 @@ class BaseModelInfo:
     architecture: str
     model_type: str
     revision: str | None = None  # the Hub commit: from PULL_RECORD, or the HF cache's snapshot name
+    # from config.json (core.arch.describe): the family, what it reads, and its size; None: not readable
+    family: str = ""
+    modality: str = "text"
+    total_params: int | None = None
+    active_params: int | None = None  # a mixture-of-experts base's parameters per token
 
 
 def default_hf_cache() -> Path:
@@ -57,9 +63,12 @@ def _info(name: str, path: Path, source: str) -> BaseModelInfo | None:
         revision: str | None = path.name
     else:
         revision = str(record["commit_sha"]) if (record := read_pull_record(path)) else None
+    facts = describe(config)
     return BaseModelInfo(
-        name, path, source, str(archs[0]), str(config.get("model_type", "unknown")), revision
-    )
+        name, path, source, str(archs[0]), str(config.get("model_type", "unknown")), revision,
+        family=facts.family, modality=facts.modality, total_params=facts.total_params,
+        active_params=facts.active_params,
+    )  # fmt: skip
 
 
 def _hf_snapshot(cache: Path, name: str) -> Path | None:

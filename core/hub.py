@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from core.arch import from_config
-from core.arch.families import BUILDERS
+from core.arch.config import BUILDERS
 from core.catalog import PULL_RECORD, read_pull_record
 from core.errors import (
     Conflict,
@@ -376,6 +376,8 @@ def _check_config(repo_id: str, config: dict[str, Any]) -> None:
     except Unsupported as exc:
         supported = ", ".join(sorted(k for k in BUILDERS if k.islower()))
         model_type = config.get("model_type")
+        if model_type in BUILDERS:  # a supported family whose config is not (a MoE with dense layers)
+            raise Unsupported(f"{repo_id}: {exc.message}", code=exc.code, param="repo_id") from None
         detail = f"model_type {model_type!r}" if exc.code == "unsupported_architecture" else exc.message
         raise Unsupported(
             f"{repo_id}: {detail} is not supported by ftune; supported model types: {supported}",

@@ -57,6 +57,10 @@ def compile_layers(
     why = why_not_compiled(spec, device, sharded, wanted)
     if why:
         return f"none ({why})"
+    from training import moe
+
+    if moe.is_moe(model):  # grouped expert matmuls and the router hooks (training.moe): not timed compiled
+        return "none (mixture of experts: not timed compiled)"
     layers = distributed.decoder_layers(model)
     for layer in layers:
         compile_for_training(layer)

@@ -127,11 +127,13 @@ def attach_lora(model, spec: JobSpec):
 
     from training import dropout
 
+    modules, parameters = peft_targets(model.config, spec.lora_target_modules)
     config = LoraConfig(
         r=spec.lora_r,
         lora_alpha=spec.lora_alpha,  # type: ignore[arg-type]  # peft annotates int; scaling is alpha / r
         lora_dropout=spec.lora_dropout,
-        target_modules=spec.lora_target_modules,
+        target_modules=modules,
+        target_parameters=parameters,
         bias="none",
         task_type="CAUSAL_LM",
     )
@@ -141,6 +143,22 @@ def attach_lora(model, spec: JobSpec):
         if p.requires_grad and p.dtype != torch.float32:
             p.data = p.data.float()
     return model
+
+
+def peft_targets(config, targets: list[str] | str) -> tuple[list[str] | str, list[str] | None]:
+    """(target_modules, target_parameters) of the LoraConfig for a job's lora_target_modules on a base of
+    this transformers config: the names as they are for a dense model (or one the planner does not read);
+    a mixture-of-experts model's exact linears and expert stacks (core.arch.lora.peft_targets)."""
+    from core.arch import from_config
+    from core.arch.lora import peft_targets as resolve
+    from core.errors import FtuneError
+
+    try:
+        arch = from_config(config.to_dict())
+    except FtuneError:
+        return targets, None
+    modules, parameters = resolve(arch, targets)  # refuses the router and ambiguous names
+    return modules, parameters or None
 
 
 def attach_trained_lora(model, spec: JobSpec, adapter_dir: Path):
@@ -154,6 +172,11 @@ def attach_trained_lora(model, spec: JobSpec, adapter_dir: Path):
     from training.dpo import REF_ADAPTER
 
     config, weights = read_trained_adapter(adapter_dir)
+    if not config.target_parameters:  # a checkpoint's spec names, or a dense model's: as attach_lora's
+        targets = config.target_modules
+        config.target_modules, config.target_parameters = peft_targets(
+            model.config, targets if isinstance(targets, str) else sorted(targets or [])
+        )
     ref = copy.deepcopy(config)
     config.lora_dropout = spec.lora_dropout
     config.inference_mode = False

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from core.spec import JobSpec
-from training import distributed, dropout
+from training import distributed, dropout, moe
 from training.batches import Step, rank_share, split_step
 from training.data import Tokenized, collate
 from training.loss import token_losses
@@ -131,6 +131,7 @@ def accumulate_gradients(
     layouts: list[dropout.Layout] | None = None,
     loss_fn: Callable[[Batch], torch.Tensor] | None = None,
     correct: list[torch.Tensor] | None = None,
+    routes: list[moe.Routes] | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Backward over micro-batches of one optimizer step; gradients end up normalised by the step's
     target tokens, `total_targets` (over all ranks; default: those of `micro_batches`). The last `padding`
@@ -139,8 +140,10 @@ def accumulate_gradients(
     `loss_fn(batch)`: a micro-batch's share of the step's loss, normalised by the step's totals (over all
     ranks), in place of the token loss over `total_targets` (training.dpo: its pairs' loss over the
     step's pairs). `correct` (token loss only) gets each real micro-batch's count of target tokens the
-    argmax predicts. Returns (this rank's part of the step's loss, detached: read it once per step, as
-    reading a device tensor waits for the device; target tokens)."""
+    argmax predicts. `routes` (token loss only; a MoE base whose config asks for the router's
+    load-balancing loss): each micro-batch's examples, whose aux term is added (training.moe). Returns
+    (this rank's part of the step's loss, detached: read it once per step, as reading a device tensor
+    waits for the device; target tokens)."""
     real = micro_batches[: len(micro_batches) - padding]
     tokens = total_targets if total_targets is not None else sum(count_targets(b) for b in real)
     loss_sum = torch.zeros((), device=parts.device)
@@ -148,7 +151,12 @@ def accumulate_gradients(
         distributed.gradient_sync(parts.model, i == len(micro_batches) - 1)
         with dropout.placed(parts.model, layouts[i] if layouts else None):
             counts = correct if i < len(real) else None  # a padding batch counts nothing
-            loss = loss_fn(batch) if loss_fn else token_loss_sum(parts, batch, counts) / tokens
+            if loss_fn or not routes:
+                loss = loss_fn(batch) if loss_fn else token_loss_sum(parts, batch, counts) / tokens
+            else:
+                with moe.router_logits(parts.model, routes[i]) as router:
+                    loss = token_loss_sum(parts, batch, counts) / tokens
+                loss = loss + router.loss(batch["input_ids"].shape[-1])  # type: ignore[union-attr]
             if i >= len(real):
                 loss = loss * 0.0
             (parts.scaler.scale(loss) if parts.scaler else loss).backward()
@@ -199,7 +207,12 @@ def train_step(
     micro_batches = [make_batch(spec, items, idx, pad_id) for idx in chosen]
     layouts = [dropout.layout(spec, items, idx, dropout_key) for idx in chosen] if spec.lora_dropout else None
     correct: list[torch.Tensor] = []
-    local_loss, _ = accumulate_gradients(parts, micro_batches, targets, padding, layouts, correct=correct)
+    routes = None
+    if moe.aux_loss_coef(parts.model):  # the router's load-balancing loss, per example (training.moe)
+        routes = [moe.routes(spec, items, idx, sum(lengths.values())) for idx in chosen]
+    local_loss, _ = accumulate_gradients(
+        parts, micro_batches, targets, padding, layouts, correct=correct, routes=routes
+    )
     # the loss and the argmax hits over all micro-batches and ranks: the same whatever the split
     hits = torch.stack(correct).sum() if correct else torch.zeros((), device=local_loss.device)
     sums = distributed.sum_tensor_over_ranks(torch.stack([local_loss.float(), hits.float()]))

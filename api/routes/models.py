@@ -33,6 +33,10 @@ def list_models(services: ServicesDep, _: PrincipalDep) -> list[ModelOut]:
             architecture=m.architecture,
             model_type=m.model_type,
             revision=m.revision,
+            family=m.family,
+            modality=m.modality,
+            total_params=m.total_params,
+            active_params=m.active_params,
         )
         for m in services.catalog.list()
     ]

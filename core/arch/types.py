@@ -3,40 +3,24 @@
 core.arch.families knows the decoder block of each supported family as transformers 5 builds it:
 every linear module of a block with its (in, out, bias), the norms, embeddings and whether the
 lm_head is tied. From that, total parameters and LoRA trainable parameters (peft's rules) are
-counted exactly.
+counted exactly. core.arch.moe_families adds the mixture-of-experts families, whose blocks also hold
+routed experts (core.arch.experts): their parameters are all resident, a token uses top_k of them.
 Missing config keys take the defaults of the transformers config class of that family.
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict
 
+from core.arch.experts import Experts
+from core.arch.linears import InputGroup, LinearModule
 from core.errors import InvalidInput
 
-# Which linear inputs are the same tensor (q/k/v read one normed hidden state; gate/up another).
-InputGroup = Literal["attn_in", "attn_out", "mlp_in", "mlp_mid"]
+__all__ = ["Architecture", "InputGroup", "LinearModule"]
 
-
-class LinearModule(BaseModel):
-    """One linear (nn.Linear or GPT-2's Conv1D) of a decoder block, named relative to the block."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    in_features: int
-    out_features: int
-    bias: bool
-    group: InputGroup
-
-    @property
-    def params(self) -> int:
-        return self.in_features * self.out_features + (self.out_features if self.bias else 0)
-
-    @property
-    def weight_numel(self) -> int:
-        return self.in_features * self.out_features
+Wrapped = tuple[
+    tuple[LinearModule, int], ...
+]  # what LoRA wraps (a module, an expert stack), in how many layers
 
 
 class Architecture(BaseModel):
@@ -49,6 +33,8 @@ class Architecture(BaseModel):
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    # the gated MLP's width per token: a dense MLP's intermediate_size; a MoE block's top_k x an expert's
+    # (every token runs through top_k experts: that many gate/up/act rows are made and saved per token)
     intermediate_size: int
     tie_word_embeddings: bool
     config_dtype: str | None  # "float32" | "bfloat16" | "float16" | None (config.json says nothing)
@@ -65,6 +51,10 @@ class Architecture(BaseModel):
     embed_names: tuple[str, ...]  # vocab embedding first, then positions (if any)
     final_norm_name: str
     block_norm_names: tuple[str, ...]
+    # a mixture-of-experts block's routed experts and router (every layer's), None for a dense model;
+    # block_linears then lists the block's nn.Linear modules alone (attention, shared or dense MLPs)
+    experts: Experts | None = None
+    modality: str = "text"  # what the model reads: ftune trains text-only causal LMs
 
     # -- parameter counts -------------------------------------------------------------------------
     @property
@@ -83,7 +73,8 @@ class Architecture(BaseModel):
 
     @property
     def layer_params(self) -> int:
-        return self.linear_params_per_layer + self.norm_params_per_layer
+        experts = self.experts.params if self.experts else 0
+        return self.linear_params_per_layer + self.norm_params_per_layer + experts
 
     @property
     def total_params(self) -> int:
@@ -95,11 +86,17 @@ class Architecture(BaseModel):
         )
 
     @property
+    def active_params(self) -> int:
+        """Parameters one token uses: all but the experts it is not routed to (= total_params if dense)."""
+        return self.total_params - self.num_layers * (self.experts.inactive_params if self.experts else 0)
+
+    @property
     def matmul_params(self) -> int:
-        """Weights that take part in a matmul per token (block linears + the lm_head, tied or not)."""
-        return self.num_layers * sum(m.weight_numel for m in self.block_linears) + (
-            self.vocab_size * self.hidden_size
-        )
+        """Weights that take part in a matmul per token (block linears, a MoE block's router and top_k
+        experts, the lm_head, tied or not): the N of FLOPs per token."""
+        per_layer = sum(m.weight_numel for m in self.block_linears)
+        per_layer += self.experts.matmul_params if self.experts else 0
+        return self.num_layers * per_layer + self.vocab_size * self.hidden_size
 
     @property
     def largest_linear_numel(self) -> int:
@@ -107,64 +104,90 @@ class Architecture(BaseModel):
 
     # -- LoRA (peft) ------------------------------------------------------------------------------
     def lora_targets(self, targets: list[str] | str) -> list[tuple[LinearModule, int]]:
-        """Linear modules peft would wrap, each with how many layers it is wrapped in.
+        """Linear modules peft would wrap, each with how many layers it is wrapped in (core.arch.lora).
 
         peft matches a list entry t against a full module name k when k == t or k ends with "." + t;
-        "all-linear" means every nn.Linear/Conv1D but the output embedding. The lm_head and the
-        embeddings are returned as pseudo block modules (group "attn_in") with a count of 1.
-        Raises InvalidInput when nothing matches or a non-linear module (a norm) would be targeted.
+        "all-linear" means every nn.Linear/Conv1D of the blocks. The lm_head and the embeddings are
+        returned as pseudo block modules (group "attn_in") with a count of 1; a MoE block's expert stacks
+        as linears of experts x (in, out) (core.arch.experts.Experts.lora_module).
+        Raises InvalidInput when nothing matches or a norm or a router would be targeted.
         """
-        return list(self._lora_targets(tuple(targets) if isinstance(targets, list) else targets))
+        return list(lora_targets(self, tuple(targets) if isinstance(targets, list) else targets))
 
     def lora_params(self, targets: list[str] | str, r: int) -> int:
         """LoRA A (r x in) + B (out x r) for each wrapped module; embeddings: r x (num + dim)."""
         return sum(r * (m.in_features + m.out_features) * n for m, n in self.lora_targets(targets))
 
-    @property
-    def _lm_head(self) -> LinearModule:
-        return LinearModule(
+
+def target_error(message: str, **details: object) -> InvalidInput:
+    return InvalidInput(message, param="lora_target_modules", details=details or None)
+
+
+def lora_targets(arch: Architecture, targets: tuple[str, ...] | str) -> Wrapped:
+    """What peft wraps: each block linear (expert stack: core.arch.experts.Experts.lora_module) with the
+    number of layers it is wrapped in; the lm_head and embeddings as pseudo modules counted once."""
+    if targets == "all-linear":
+        return tuple((m, arch.num_layers) for m in arch.block_linears)
+    if isinstance(targets, str):
+        raise target_error("lora_target_modules must be a list or 'all-linear'")
+    hit = target_matcher(targets)
+    found: list[tuple[LinearModule, int]] = []
+    for m in arch.block_linears:
+        n = sum(hit(f"{arch.layers_prefix}.{i}.{m.name}") for i in range(arch.num_layers))
+        if n:
+            found.append((m, n))
+    found += _expert_targets(arch, targets)
+    if hit("lm_head"):
+        head = LinearModule(
             name="lm_head",
-            in_features=self.hidden_size,
-            out_features=self.vocab_size,
+            in_features=arch.hidden_size,
+            out_features=arch.vocab_size,
             bias=False,
             group="attn_in",
         )
+        found.append((head, 1))
+    sizes = [arch.vocab_size, arch.position_embeddings]
+    for name, rows in zip(arch.embed_names, sizes, strict=False):
+        if hit(name):
+            emb = LinearModule(name=name, in_features=rows, out_features=arch.hidden_size, bias=False,
+                               group="attn_in")  # fmt: skip
+            found.append((emb, 1))
+    norms = [f"{arch.layers_prefix}.0.{n}" for n in arch.block_norm_names] + [arch.final_norm_name]
+    bad = [n for n in norms if hit(n)]
+    if bad:
+        raise target_error(f"LoRA cannot wrap norm modules: {bad}", modules=bad)
+    if not found:
+        names = [m.name.rsplit(".", 1)[-1] for m in arch.block_linears]
+        if arch.experts:
+            names += [w.name for w in arch.experts.weights]
+        raise target_error(
+            f"none of {list(targets)} matches a linear module of this {arch.model_type} model; "
+            f"its block linears are {names}"
+        )
+    return tuple(found)
 
-    def _lora_targets(self, targets: tuple[str, ...] | str) -> tuple[tuple[LinearModule, int], ...]:
-        if targets == "all-linear":
-            return tuple((m, self.num_layers) for m in self.block_linears)
-        if isinstance(targets, str):
-            raise InvalidInput(
-                "lora_target_modules must be a list or 'all-linear'", param="lora_target_modules"
-            )
 
-        def hit(key: str) -> bool:
-            return any(key == t or key.endswith("." + t) for t in targets)
+def target_matcher(targets: tuple[str, ...]):  # -> Callable[[str], bool]
+    return lambda key: any(key == t or key.endswith("." + t) for t in targets)
 
-        found: list[tuple[LinearModule, int]] = []
-        for m in self.block_linears:
-            n = sum(hit(f"{self.layers_prefix}.{i}.{m.name}") for i in range(self.num_layers))
-            if n:
-                found.append((m, n))
-        if hit("lm_head"):
-            found.append((self._lm_head, 1))
-        sizes = [self.vocab_size, self.position_embeddings]
-        for name, rows in zip(self.embed_names, sizes, strict=False):
-            if hit(name):
-                emb = LinearModule(
-                    name=name, in_features=rows, out_features=self.hidden_size, bias=False, group="attn_in"
-                )
-                found.append((emb, 1))
-        norms = [f"{self.layers_prefix}.0.{n}" for n in self.block_norm_names] + [self.final_norm_name]
-        bad = [n for n in norms if hit(n)]
-        if bad:
-            raise InvalidInput(
-                f"LoRA cannot wrap norm modules: {bad}", param="lora_target_modules", details={"modules": bad}
-            )
-        if not found:
-            raise InvalidInput(
-                f"none of {list(targets)} matches a linear module of this {self.model_type} model; "
-                f"its block linears are {[m.name.rsplit('.', 1)[-1] for m in self.block_linears]}",
-                param="lora_target_modules",
-            )
-        return tuple(found)
+
+def _expert_targets(arch: Architecture, targets: tuple[str, ...]) -> list[tuple[LinearModule, int]]:
+    """The expert stacks a target names, per layer; a target naming the router is refused."""
+    experts = arch.experts
+    if experts is None:
+        return []
+    hit = target_matcher(targets)
+    prefix, layers = arch.layers_prefix, range(arch.num_layers)
+    routers = [f"{prefix}.{i}.{experts.router}" for i in layers if hit(f"{prefix}.{i}.{experts.router}")]
+    if routers:
+        raise target_error(
+            f"LoRA on the router ({experts.router}) is not supported: it decides which experts a token "
+            "uses; target the attention ('all-linear') and, if wanted, the experts ('experts')",
+            modules=routers[:3],
+        )
+    found = []
+    for w in experts.weights:
+        n = sum(hit(f"{prefix}.{i}.{w.name}") or hit(f"{prefix}.{i}.{experts.module}") for i in layers)
+        if n:
+            found.append((experts.lora_module(w), n))
+    return found

@@ -1,8 +1,8 @@
 """Memory-feasibility planner: estimate(spec, arch, gpu) -> Plan (per-GPU breakdown, verdict, suggestions).
 
 Model of the peak (per GPU), each piece a named Term with its assumption in `note`:
-  persistent   base weights (+ NF4 constants), LoRA adapters, gradients, optimizer states, master weights,
-               cuBLAS workspaces
+  persistent   base weights (+ NF4 constants; a MoE base's experts all resident, never quantized by
+               bitsandbytes), LoRA adapters, gradients, optimizer states, master weights, cuBLAS workspaces
   fwd/bwd      activations saved for backward, autocast copies, FSDP all-gathered units, and the larger of
                  loss      the loss head's largest moment: ftune's chunked head (training.loss: one chunk of
                            scored tokens' vocab-sized buffers, the scored hidden states and their gradients),
@@ -43,6 +43,8 @@ Modules, in reading order:
   peak              adds the phases up into one Plan
   context           the dtypes, trainable parameters and tokens every section counts with
   memory            byte formulas: weight formats, what a block saves for backward, the loss heads
+  moe               a mixture-of-experts block's own tensors: router, routed rows, LoRA'd expert stacks
+  moe_terms         their terms in a plan (the stacks every layer keeps, the load-balancing loss's logits)
   state             persistent: base weights and trainable state
   forward_backward  fwd/bwd transients
   step              optimizer-step transients

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.arch import Architecture, LinearModule
+from core.arch.lora import expert_lora
+from core.errors import InvalidInput
 from core.planner.gpus import Gpu
 from core.planner.memory import DTYPE_BYTES
 from core.planner.types import BatchShape, Runtime
@@ -116,6 +118,13 @@ def plan_context(
         lora_b = e  # the adapters are half precision too: lora_A reads (and saves) a half-precision input
     full = method == "full"
     lora = () if full else tuple(arch.lora_targets(spec.lora_target_modules))
+    stacks = expert_lora(arch, lora)
+    if stacks and spec.lora_dropout > 0:
+        raise InvalidInput(
+            f"LoRA on expert weights ({', '.join(stacks)}) needs lora_dropout 0: peft wraps a stacked "
+            "expert parameter (lora.ParamWrapper) without dropout",
+            param="lora_dropout",
+        )
     if full:
         trainable, trainable_b = arch.total_params, sb
         master = 4 if (spec.master_weights and sb < 4) else 0

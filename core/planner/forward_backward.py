@@ -25,6 +25,8 @@ from core.planner.memory import (
     norm_input_bytes,
     unpack_excess_bytes,
 )
+from core.planner.moe import expert_weight_bytes
+from core.planner.moe_terms import moe_terms, recomputed_stack_bytes
 from core.planner.rollouts import rollout
 from core.planner.types import Term, idle
 
@@ -37,7 +39,7 @@ PACKED_EXAMPLE_TOKENS = 32
 
 def forward_backward_terms(c: Context) -> list[Term]:
     activations, layer_bytes = _activations(c)
-    terms = [activations]
+    terms = [activations, *moe_terms(c)]
     if c.autocast and c.compute_b < 4 and (not c.full or c.store_b == 4):
         terms.append(
             Term(
@@ -314,9 +316,10 @@ def _layer_phase(c: Context, layer_bytes: int, block_copy: int, copy_why: str) -
         layer_phase.append(
             Term(
                 name="recomputed layer",
-                bytes=layer_bytes + block_copy,
+                bytes=layer_bytes + block_copy + recomputed_stack_bytes(c),
                 note="backward re-runs one checkpointed layer's forward and holds what it saves"
-                + (f" (+ its linears' weight copies: {copy_why}, kept by the matmuls)" if block_copy else ""),
+                + (f" (+ its linears' weight copies: {copy_why}, kept by the matmuls)" if block_copy else "")
+                + (" (+ its LoRA'd expert stacks, W + B A)" if recomputed_stack_bytes(c) else ""),
             )
         )
     grads = tokens * backward_working_bytes_per_token(arch, e, c.res_b)
@@ -390,7 +393,9 @@ def _fsdp_terms(c: Context) -> list[Term]:
     """Unsharded parameters and gradients in flight, and the communicators, when num_gpus > 1."""
     arch, sb = c.arch, c.store_b
     layer_w = (
-        sum(nf4_bytes(m.weight_numel) for m in arch.block_linears) + arch.norm_params_per_layer * sb
+        sum(nf4_bytes(m.weight_numel) for m in arch.block_linears)
+        + arch.norm_params_per_layer * sb
+        + expert_weight_bytes(arch, sb)[1] // arch.num_layers  # bitsandbytes leaves the experts as they are
         if c.spec.method == "qlora"
         else arch.layer_params * sb
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.arch import Architecture, LinearModule
+from core.planner.moe import routed_backward_per_token, routed_saved_per_token
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -70,7 +71,7 @@ class ActivationSetup:
 # The families whose modules training.fused replaces (its tests check this against each family's model):
 # RMSNorm of Llama's formula (Gemma's scales by 1 + weight), and Llama's MLP forward with separate
 # gate_proj and up_proj (Phi-3 has one gate_up_proj) and an activation it knows.
-FUSED_NORM_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})
+FUSED_NORM_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "qwen3_moe", "mixtral"})
 FUSED_GATE_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text"})
 FUSED_GATE_ACTS = frozenset({"silu", "swish", "gelu_pytorch_tanh"})
 
@@ -122,6 +123,8 @@ def layer_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> tuple
         fused (fused_gate) gate and up: 2 x inter;
         a plain MLP keeps the activation's input (python GELUs like gelu_new keep 4 tensors)
       - full FT: the input of each distinct linear input group (q/k/v share one, gate/up share one)
+      - a sparse (MoE) block: its gate/act/up rows as above (intermediate_size = top_k x an expert's
+        width), and its router's and experts' own tensors (core.planner.moe.routed_saved_per_token)
     """
     e, h = s.compute_bytes, arch.hidden_size
     q_dim, kv_dim = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
@@ -146,6 +149,8 @@ def layer_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> tuple
         parts["gate, act, up"] = 3 * e * inter
     else:
         parts["activation input"] = (4 if arch.hidden_act in ("gelu_new", "gelu_fast") else 1) * e * inter
+    if arch.experts:  # a sparse block: inter is top_k rows of an expert's width (core.planner.moe)
+        parts["router, expert outputs, routing"] = routed_saved_per_token(arch, e, s.residual_bytes, s.lora)
     if s.full:
         groups = {m.group: m.in_features for m in arch.block_linears}
         if s.attn != "eager":
@@ -162,6 +167,7 @@ def mlp_saved_bytes_per_token(arch: Architecture, s: ActivationSetup) -> float:
     e, inter = s.compute_bytes, arch.intermediate_size
     kept = (2 if s.fused_gate else 3) if arch.gated_mlp else 1
     mlp = float(kept * e * inter + norm_input_bytes(s) * arch.hidden_size)
+    mlp += routed_saved_per_token(arch, e, s.residual_bytes, s.lora)
     block = {b.name for b in arch.block_linears}
     for m, layers in s.lora:
         own = lora_input_copy_bytes(s, m)
@@ -244,7 +250,8 @@ def backward_working_bytes_per_token(arch: Architecture, compute_bytes: int, res
     the residual stream's dtype, `residual_bytes`; default the compute dtype) and, at the worst moment (the
     backward of the MLP's elementwise product), two intermediate-sized gradients; the product's own saved
     input is freed by then."""
-    return (residual_bytes or compute_bytes) * arch.hidden_size + compute_bytes * 2 * arch.intermediate_size
+    dense = (residual_bytes or compute_bytes) * arch.hidden_size + compute_bytes * 2 * arch.intermediate_size
+    return max(dense, routed_backward_per_token(arch, compute_bytes, residual_bytes))  # a sparse block's
 
 
 def lora_forward_transient_per_token(

@@ -51,6 +51,7 @@ def peak_plan(
         num_gpus=spec.num_gpus,
         method=spec.method,
         total_params=arch.total_params,
+        active_params=arch.active_params,
         trainable_params=c.trainable,
         breakdown=breakdown,
         allocated_bytes=used,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from core.planner.context import Context
 from core.planner.memory import adam8bit_state_bytes, nf4_bytes
+from core.planner.moe import expert_weight_bytes
 from core.planner.types import Term
 
 
@@ -30,7 +31,8 @@ def _base_weight_terms(c: Context) -> list[Term]:
     if spec.method == "qlora":
         q_bytes = arch.num_layers * sum(nf4_bytes(m.weight_numel) for m in arch.block_linears)
         q_params = arch.num_layers * sum(m.weight_numel for m in arch.block_linears)
-        rest = total_params - q_params
+        expert_params, expert_bytes = expert_weight_bytes(arch, sb)
+        rest = total_params - q_params - expert_params
         terms.append(
             Term(
                 name="base weights (NF4)",
@@ -55,15 +57,37 @@ def _base_weight_terms(c: Context) -> list[Term]:
                 ),
             )
         )
+        if expert_params:
+            terms.append(
+                Term(
+                    name="expert weights (not quantized)",
+                    bytes=expert_bytes // n,
+                    note=(
+                        f"{expert_params:,} params of every layer's experts and router in {store}: "
+                        "bitsandbytes' 4-bit loading replaces nn.Linear modules only, and transformers "
+                        f"keeps the experts as stacked parameters{shard}"
+                    ),
+                )
+            )
     else:
         terms.append(
             Term(
                 name="base weights",
                 bytes=total_params * sb // n,
-                note=(f"{total_params:,} params in {store} ({sb} B/param){shard}"),
+                note=(f"{total_params:,} params in {store} ({sb} B/param){_experts_note(c)}{shard}"),
             )
         )
     return terms
+
+
+def _experts_note(c: Context) -> str:
+    x = c.arch.experts
+    if x is None:
+        return ""
+    return (
+        f", of which {expert_weight_bytes(c.arch, 1)[0]:,} in {x.num_experts} experts and a router per "
+        f"layer, all resident ({c.arch.active_params:,} active per token: top {x.top_k} experts)"
+    )
 
 
 def _trainable_state_terms(c: Context) -> list[Term]:

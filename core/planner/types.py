@@ -63,6 +63,8 @@ class Plan(BaseModel):
     num_gpus: int
     method: str
     total_params: int
+    # parameters one token uses: total_params less the experts it is not routed to (a MoE base; dense: total)
+    active_params: int = 0
     trainable_params: int
     breakdown: list[Term]
     allocated_bytes: int  # the bytes in use at the peak: compare with max_memory_allocated

@@ -2,7 +2,10 @@
 tiny random-weight Qwen3-MoE (transformers' own Qwen3MoeForCausalLM) into the running `ftune up`'s models
 directory; GET /models lists it with its family, total and active parameters; a packed LoRA job on it is
 planned, queued, trained by the CPU worker and succeeds; its adapter, downloaded from the API, changes the
-model's output, and the tuned model answers differently from the base through chat completions."""
+model's output, and the tuned model answers differently from the base through chat completions. Three
+jobs that split the same global batch differently (micro 4 x accumulation 1, micro 1 x 4, and num_gpus 2
+x micro 2, which the CPU worker runs as two gloo processes under torchrun), padded, train the same adapter
+(tests/training/test_moe_split_invariance.py proves it packed and padded, with the router's loss)."""
 
 from __future__ import annotations
 
@@ -28,15 +31,21 @@ SPEC: dict[str, Any] = {
 }  # fmt: skip
 
 
-def test_a_tiny_qwen3_moe_job_trains_an_adapter_that_changes_the_output(
-    up: Up, models_dir: Path, tmp_path: Path
-) -> None:
-    env = env_for(tmp_path, models_dir)
+@pytest.fixture(scope="module")
+def moe_base(up: Up, models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny Qwen3-MoE, built by the real CLI into the running stack's models directory."""
+    env = env_for(tmp_path_factory.mktemp("moe"), models_dir)
     built = subprocess.run(
         [sys.executable, "-m", "cli", "models", "build-demo", "--family", "qwen3_moe"],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert built.returncode == 0, built.stderr
+    return BASE
+
+
+def test_a_tiny_qwen3_moe_job_trains_an_adapter_that_changes_the_output(
+    up: Up, models_dir: Path, moe_base: str, tmp_path: Path
+) -> None:
     listed = {m["name"]: m for m in api.get(f"{up.base}/models").json()}
     moe = listed[BASE]
     assert (moe["family"], moe["modality"], moe["model_type"]) == ("Qwen3-MoE", "text", "qwen3_moe")
@@ -84,3 +93,44 @@ def _assert_chat_differs(up: Up, job_id: str) -> None:
         tuned = sdk.chat.completions.create(model=model, **greedy).choices[0].message.content
         base = sdk.chat.completions.create(model=BASE, **greedy).choices[0].message.content
     assert tuned and tuned != base, (tuned, base)
+
+
+SPLITS = {
+    "micro 4 x accum 1": {"micro_batch_size": 4, "gradient_accumulation_steps": 1},
+    "micro 1 x accum 4": {"micro_batch_size": 1, "gradient_accumulation_steps": 4},
+    "2 ranks x micro 2": {"micro_batch_size": 2, "gradient_accumulation_steps": 1, "num_gpus": 2},
+}
+
+
+def test_moe_jobs_that_split_the_same_global_batch_train_the_same_adapter(
+    up: Up, moe_base: str, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    from tests.training.util import relative_difference
+
+    spec = {**SPEC, "max_steps": 6, "learning_rate": 2e-3, "lora_dropout": 0.1, "packing": False}
+    dataset = upload(up.base, REPO / "examples" / "alpaca_small.jsonl")
+    try:
+        jobs = {}
+        for name, split in SPLITS.items():
+            r = api.post(f"{up.base}/jobs", json={**spec, **split, "dataset_id": dataset["id"]})
+            assert r.status_code == 202, r.text
+            jobs[name] = r.json()["id"]
+        done = wait_finished(up.base, list(jobs.values()), timeout=900)
+        assert all(done[j][-1]["status"] == "succeeded" for j in jobs.values()), done
+        adapters = {
+            name: load_file(download_adapter(up.base, j, tmp_path) / "adapter_model.safetensors")
+            for name, j in jobs.items()
+        }
+        losses = {
+            name: [s["loss"] for s in api.get(f"{up.base}/jobs/{j}/metrics").json()["data"]]
+            for name, j in jobs.items()
+        }
+    except BaseException:
+        print(up.tail())
+        raise
+    ref = "micro 4 x accum 1"
+    for name in SPLITS:
+        assert losses[name] == pytest.approx(losses[ref], rel=1e-4), name
+        assert relative_difference(adapters[ref], adapters[name]) <= 1e-4, name

@@ -28,6 +28,18 @@ def tiny_model(models_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def moe_models(models_dir: Path) -> dict[str, Path]:
+    """Tiny random-weight MoE bases (training.demo_moe: hidden 64, 2 layers, 8 experts, top 2): a
+    Qwen3-MoE whose config asks for the router's load-balancing loss (coef 0.05), and a Mixtral."""
+    from training.demo_moe import build_moe_model
+
+    return {
+        "qwen3_moe": build_moe_model(models_dir, name="tiny-qwen3-moe", aux_loss_coef=0.05),
+        "mixtral": build_moe_model(models_dir, name="tiny-mixtral", family="mixtral"),
+    }
+
+
+@pytest.fixture(scope="session")
 def demo_model(models_dir: Path) -> Path:
     return build_demo_model(models_dir)
 

@@ -107,6 +107,23 @@ form.addEventListener("submit", async (ev) => {
   }
 });
 
+// A base model as the form lists it: name, family, parameters (a mixture of experts: total and active per
+// token) and modality, from GET /models.
+function params(n) {
+  for (const [unit, v] of [["B", 1e9], ["M", 1e6], ["K", 1e3]]) if (n >= v) return (n / v).toFixed(1) + unit;
+  return String(n);
+}
+
+function modelLabel(m) {
+  const parts = [m.name, m.family || m.model_type];
+  if (m.total_params) {
+    const moe = m.active_params && m.active_params !== m.total_params;
+    parts.push(params(m.total_params) + (moe ? ` (${params(m.active_params)} active)` : ""));
+  }
+  parts.push(m.modality || "text");
+  return parts.join(" · ");
+}
+
 function options(select, items, value, label) {
   const keep = select.value;
   select.innerHTML = items.map((x) => `<option value="${esc(value(x))}">${esc(label(x))}</option>`).join("");
@@ -121,7 +138,7 @@ async function loadNew() {
     choices = {datasets: page.data.filter((d) => d.status === "valid"), models};
     options($("f-dataset_id"), choices.datasets, (d) => d.id,
       (d) => `${d.filename} · ${d.format} · ${d.num_examples} examples · ${d.id.slice(0, 8)}`);
-    options($("f-base_model"), choices.models, (m) => m.name, (m) => m.name);
+    options($("f-base_model"), choices.models, (m) => m.name, modelLabel);
     if (!choices.datasets.length) $("new-error").textContent = "No valid dataset yet: upload one (POST /datasets).";
     schedulePlan();
   };

@@ -42,7 +42,7 @@ async function followPull(p) {
       const models = await getJSON("/models");
       const before = $("f-base_model").value;
       if (choices) choices.models = models;
-      options($("f-base_model"), models, (m) => m.name, (m) => m.name);
+      options($("f-base_model"), models, (m) => m.name, modelLabel);
       if ($("f-base_model").value !== before) schedulePlan();  // the first model: the form changed
     }
   } catch (e) {
