@@ -12,8 +12,10 @@ definitions in a system turn inside <tools></tools>, each call of an assistant t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from core.storage import atomic_dir
 
@@ -86,13 +88,20 @@ def build_demo_model(
     seed: int = 1234,
 ) -> Path:
     """Build (or return the already built) demo model at models_dir/name and return its path."""
-    target = Path(models_dir) / name
+    return save_built(
+        Path(models_dir) / name, size.vocab_size, lambda tokenizer: _build_model(size, tokenizer, seed), force
+    )
+
+
+def save_built(target: Path, vocab_size: int, build: Callable[[Any], Any], force: bool) -> Path:
+    """`target` as built (its tokenizer trained here, then `build(tokenizer)`'s model), written whole or
+    not at all; an already built one is kept unless `force`."""
     if (target / "config.json").is_file() and not force:
         return target
     with atomic_dir(target) as tmp:
-        tokenizer = _build_tokenizer(size.vocab_size)
+        tokenizer = _build_tokenizer(vocab_size)
         tokenizer.save_pretrained(tmp)
-        _build_model(size, tokenizer, seed).save_pretrained(tmp)
+        build(tokenizer).save_pretrained(tmp)
     return target
 
 

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from core.storage import atomic_dir
-from training.demo import BOS, EOS, IM_END, PAD, _build_tokenizer
+from training.demo import BOS, EOS, IM_END, PAD, save_built
 
 Family = Literal["qwen3_moe", "mixtral"]
 FAMILIES: tuple[Family, ...] = ("qwen3_moe", "mixtral")
@@ -50,14 +49,12 @@ def build_moe_model(
     the released checkpoints' configs do not."""
     if family not in FAMILIES:
         raise ValueError(f"family {family!r} is not one of {FAMILIES}")
-    target = Path(models_dir) / name
-    if (target / "config.json").is_file() and not force:
-        return target
-    with atomic_dir(target) as tmp:
-        tokenizer = _build_tokenizer(size.vocab_size)
-        tokenizer.save_pretrained(tmp)
-        _build(family, size, tokenizer, seed, aux_loss_coef).save_pretrained(tmp)
-    return target
+    return save_built(
+        Path(models_dir) / name,
+        size.vocab_size,
+        lambda tokenizer: _build(family, size, tokenizer, seed, aux_loss_coef),
+        force,
+    )
 
 
 def moe_config(family: Family, size: MoeSize, ids: dict[str, int], aux_loss_coef: float | None) -> Any:

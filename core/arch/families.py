@@ -96,29 +96,47 @@ def _llama_like(c: dict[str, Any]) -> Architecture:
         norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
     qk_norm = mt in ("qwen3", "gemma3_text")
     return Architecture(
-        model_type=mt,
-        vocab_size=_int(c, "vocab_size", default=v0),
-        hidden_size=hidden,
-        num_layers=_int(c, "num_hidden_layers", default=l0),
-        num_heads=heads,
-        num_kv_heads=kv,
-        head_dim=head_dim,
+        **decoder_fields(c, v0, l0, hidden, heads, kv, head_dim, tuple(norms), qk_norm),
         intermediate_size=inter,
         tie_word_embeddings=bool(c.get("tie_word_embeddings", tie0)),
-        config_dtype=_dtype(c),
         block_linears=linears,
-        norms_per_layer=len(norms),
-        norm_params_per_layer=len(norms) * hidden + (2 * head_dim if qk_norm else 0),
-        qk_norm=qk_norm,
-        final_norm_params=hidden,
-        position_embeddings=0,
-        gated_mlp=True,
         hidden_act=str(c.get("hidden_activation") or c.get("hidden_act") or "silu"),
-        layers_prefix="model.layers",
-        embed_names=("model.embed_tokens",),
-        final_norm_name="model.norm",
-        block_norm_names=tuple(norms) + (("self_attn.q_norm", "self_attn.k_norm") if qk_norm else ()),
     )
+
+
+def decoder_fields(
+    c: dict[str, Any],
+    vocab: int,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv: int,
+    head_dim: int,
+    norms: tuple[str, ...],
+    qk_norm: bool,
+) -> dict[str, Any]:
+    """The Architecture fields every Llama-like decoder (dense or mixture of experts) reads alike: sizes,
+    RMSNorms (q/k norms too where it has them), rotary positions, a gated MLP, HF's module names."""
+    return {
+        "model_type": c["model_type"],
+        "vocab_size": _int(c, "vocab_size", default=vocab),
+        "hidden_size": hidden,
+        "num_layers": _int(c, "num_hidden_layers", default=layers),
+        "num_heads": heads,
+        "num_kv_heads": kv,
+        "head_dim": head_dim,
+        "config_dtype": _dtype(c),
+        "norms_per_layer": len(norms),
+        "norm_params_per_layer": len(norms) * hidden + (2 * head_dim if qk_norm else 0),
+        "qk_norm": qk_norm,
+        "final_norm_params": hidden,
+        "position_embeddings": 0,
+        "gated_mlp": True,
+        "layers_prefix": "model.layers",
+        "embed_names": ("model.embed_tokens",),
+        "final_norm_name": "model.norm",
+        "block_norm_names": norms + (("self_attn.q_norm", "self_attn.k_norm") if qk_norm else ()),
+    }
 
 
 def _gpt2(c: dict[str, Any]) -> Architecture:

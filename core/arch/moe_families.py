@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from core.arch.experts import Experts, ExpertWeight
-from core.arch.families import _dtype, _int, _lin
+from core.arch.families import _int, _lin, decoder_fields
 from core.arch.types import Architecture
 from core.errors import InvalidInput, Unsupported
 
@@ -101,33 +101,16 @@ def _moe(c: dict[str, Any]) -> Architecture:
     qk_norm = mt == "qwen3_moe"
     norms = ("input_layernorm", "post_attention_layernorm")
     return Architecture(
-        model_type=mt,
-        vocab_size=_int(c, "vocab_size", default=v0),
-        hidden_size=hidden,
-        num_layers=_int(c, "num_hidden_layers", default=l0),
-        num_heads=heads,
-        num_kv_heads=kv,
-        head_dim=head_dim,
+        **decoder_fields(c, v0, l0, hidden, heads, kv, head_dim, norms, qk_norm),
         intermediate_size=top_k * inter,
         tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-        config_dtype=_dtype(c),
         block_linears=(
             _lin("self_attn.q_proj", hidden, q, bias, "attn_in"),
             _lin("self_attn.k_proj", hidden, k, bias, "attn_in"),
             _lin("self_attn.v_proj", hidden, k, bias, "attn_in"),
             _lin("self_attn.o_proj", q, hidden, bias, "attn_out"),
         ),
-        norms_per_layer=len(norms),
-        norm_params_per_layer=len(norms) * hidden + (2 * head_dim if qk_norm else 0),
-        qk_norm=qk_norm,
-        final_norm_params=hidden,
-        position_embeddings=0,
-        gated_mlp=True,
         hidden_act=str(c.get("hidden_act") or "silu"),
-        layers_prefix="model.layers",
-        embed_names=("model.embed_tokens",),
-        final_norm_name="model.norm",
-        block_norm_names=norms + (("self_attn.q_norm", "self_attn.k_norm") if qk_norm else ()),
         experts=_experts(c, hidden, inter, num, top_k),
     )
 
