@@ -93,6 +93,12 @@ install() {
     python3 -c "import glob, sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[2]) for w in sorted(glob.glob(sys.argv[1] + '/*.whl'))]" "$WHL" "$SITE"
   fi
   export PYTHONPATH=$SITE:$PWD
+  # ftune's decoding engine (training/decoding) is exact from transformers 5.24 on (pyproject's floor): the
+  # machine's 5.17 would sample rollouts and samples differently, so .whl/decode's 5.24 goes first for all
+  if ls "$WHL"/decode/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$SITE" "$WHL"/decode/*.whl || echo "transformers 5.24 did not install: engine samples may differ"
+  fi
   if ls "$WHL"/unsloth/*.whl > /dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site-unsloth "$WHL"/unsloth/*.whl && export UNSLOTH_SITE=/tmp/site-unsloth
