@@ -118,18 +118,26 @@ def start_posters(base: str, key: str, seconds: float, posters: int) -> subproce
     return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, text=True)
 
 
-def probe_health(base: str, seconds: float, interval: float = 0.05) -> list[float]:
-    """GET /health every `interval` for `seconds`: each answer's latency in seconds (all must be 200)."""
+def probe(
+    base: str, path: str, seconds: float, key: str | None = None, interval: float = 0.05
+) -> list[float]:
+    """GET `path` (with `key`, if given) every `interval` for `seconds`: each answer's latency in seconds
+    (all must be 200)."""
     latencies = []
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     deadline = time.monotonic() + seconds
-    with httpx.Client(base_url=base, timeout=60) as client:
+    with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
         while time.monotonic() < deadline:
             started = time.perf_counter()
-            r = client.get("/health")
+            r = client.get(path)
             latencies.append(time.perf_counter() - started)
             assert r.status_code == 200, r.text
             time.sleep(interval)
     return latencies
+
+
+def probe_health(base: str, seconds: float) -> list[float]:
+    return probe(base, "/health", seconds)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -20,13 +20,13 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.spec import JobSpec
 from models.db import make_engine, make_session_factory, session_scope
 from models.tables import Job
 from models.tenants import create_key, get_or_create_tenant
+from tests.e2e.hostile_load import probe
 from tests.e2e.stack import REPO, Proc, env_for, free_port, wait_ready
 from tests.rows import valid_dataset
 
@@ -152,16 +152,6 @@ def api_cpu_seconds(stack: SseStack) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def probe_jobs(base: str, key: str, seconds: float, interval: float = 0.05) -> list[float]:
-    """GET /jobs with `key` every `interval` for `seconds`: each answer's latency in seconds."""
-    latencies = []
-    headers = {"Authorization": f"Bearer {key}"}
-    deadline = time.monotonic() + seconds
-    with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
-        while time.monotonic() < deadline:
-            started = time.perf_counter()
-            r = client.get("/jobs")
-            latencies.append(time.perf_counter() - started)
-            assert r.status_code == 200, r.text
-            time.sleep(interval)
-    return latencies
+def probe_jobs(base: str, key: str, seconds: float) -> list[float]:
+    """GET /jobs with `key` every 50 ms for `seconds`: each answer's latency in seconds."""
+    return probe(base, "/jobs", seconds, key)
