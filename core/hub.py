@@ -17,7 +17,8 @@ directory, and no file may be larger than `max_file_bytes` (FTUNE_HUB_MAX_FILE_B
 refused before it is fetched, and a body that streams past it is cut off and deleted.
 
 HF_ENDPOINT (a mirror), HF_TOKEN (private or gated repos) and HF_HUB_OFFLINE are read when a pull starts.
-huggingface_hub is imported here lazily, so that core stays fast to import.
+huggingface_hub is imported here lazily, so that core stays fast to import. What a repo may hold is checked
+in core.hub_checks; the Hub's and the network's errors are translated in core.hub_errors.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -34,32 +34,36 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from core.arch import from_config
-from core.arch.config import BUILDERS
 from core.catalog import PULL_RECORD, read_pull_record
 from core.errors import (
     Conflict,
-    Forbidden,
     FtuneError,
     InvalidInput,
-    NotFound,
     PayloadTooLarge,
     Unavailable,
-    Unsupported,
 )
+from core.hub_checks import (
+    CONFIG,
+    WEIGHTS,
+    WEIGHTS_INDEX,
+    check_config,
+    commit_sha,
+    custom_code,
+    index_shards,
+    refuse_oversized,
+    refuse_without_safetensors,
+    too_large,
+)
+from core.hub_errors import as_ftune_error, by_hand
 from core.spec import MODEL_NAME_RE
 from core.storage import atomic_dir, atomic_write_text
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 STAGING_DIR = ".pulls"  # under models_dir; a leading dot is never a model name (MODEL_NAME_RE)
-COMMIT_SHA_RE = re.compile(r"[0-9a-f]{40}")  # a git commit, as the Hub answers it (fullmatch only)
 DEFAULT_MAX_FILE_BYTES = 20 * 2**30  # core.settings.Settings.hub_max_file_bytes
 
-# Every file a base model needs and nothing that can run code: weights in safetensors only, tokenizers as
-# JSON/text or sentencepiece (protobuf). Top level only: subfolders hold other formats (original/, onnx/).
-CONFIG = "config.json"
-WEIGHTS = "model.safetensors"
-WEIGHTS_INDEX = "model.safetensors.index.json"
+# Every file a base model needs and nothing that can run code: weights in safetensors only (hub_checks),
+# tokenizers as JSON/text or sentencepiece (protobuf). Top level only: subfolders hold other formats.
 TOKENIZER_FILES = frozenset(
     {
         "tokenizer.json",
@@ -74,7 +78,6 @@ TOKENIZER_FILES = frozenset(
     }
 )
 OTHER_FILES = frozenset({"generation_config.json", "LICENSE", "LICENSE.txt", "LICENSE.md", "README.md"})
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 Progress = Callable[[str], None]
 
@@ -150,7 +153,7 @@ def pull(
     if _truthy(os.environ.get("HF_HUB_OFFLINE")):
         raise Unavailable(
             f"HF_HUB_OFFLINE is set, so nothing can be pulled. Unset it to pull from {endpoint}, or copy "
-            f"the model by hand: {_by_hand(target)}",
+            f"the model by hand: {by_hand(target)}",
             code="hub_offline",
         )
     staging_root = models_dir / STAGING_DIR
@@ -162,7 +165,7 @@ def pull(
         except FtuneError:
             raise
         except Exception as exc:
-            raise _as_ftune_error(exc, repo_id, revision, endpoint, target) from exc
+            raise as_ftune_error(exc, repo_id, revision, endpoint, target) from exc
 
 
 def _pull(
@@ -180,11 +183,11 @@ def _pull(
     endpoint = limits.endpoint
     say(f"resolving {repo_id}@{revision or 'main'} on {endpoint}")
     info = HfApi(endpoint=endpoint).model_info(repo_id, revision=revision, files_metadata=True, timeout=30)
-    sha = _commit_sha(info.sha, repo_id, revision, endpoint)
+    sha = commit_sha(info.sha, repo_id, revision, endpoint)
     listed = {s.rfilename: s.size for s in info.siblings or []}
     progress.commit_sha = sha
     say(f"revision {revision or 'main'} is commit {sha}")
-    _refuse_without_safetensors(repo_id, listed)
+    refuse_without_safetensors(repo_id, listed)
 
     if present := _present(repo_id, target, sha, force, listed):
         say(f"{repo_id} at {sha} is already in {target}")
@@ -198,16 +201,16 @@ def _pull(
         return _download(repo_id, filename, sha, limits, staging / filename, listed.get(filename))
 
     texts = [f for f in sorted(listed) if f in TOKENIZER_FILES or f in OTHER_FILES]
-    _refuse_oversized(repo_id, [CONFIG, WEIGHTS_INDEX, *texts], listed, limits.max_file_bytes)
+    refuse_oversized(repo_id, [CONFIG, WEIGHTS_INDEX, *texts], listed, limits.max_file_bytes)
     # The architecture first, from config.json alone: nothing else is fetched for a model ftune cannot train.
     config = _read_json(fetch(CONFIG))
-    _check_config(repo_id, config)
+    check_config(repo_id, config)
     say(f"{CONFIG}: {config['model_type']} ({', '.join(config.get('architectures') or [])}), supported")
 
     shards = [WEIGHTS]
     if WEIGHTS_INDEX in listed:
-        shards = _shards(repo_id, _read_json(fetch(WEIGHTS_INDEX)), listed)
-    _refuse_oversized(repo_id, shards, listed, limits.max_file_bytes)
+        shards = index_shards(repo_id, _read_json(fetch(WEIGHTS_INDEX)), listed)
+    refuse_oversized(repo_id, shards, listed, limits.max_file_bytes)
     total = sum(listed.get(f) or 0 for f in texts + shards)
     say(f"downloading {len(texts + shards)} files, {_size(total)} (safetensors weights only) to {staging}")
     progress.files_total, progress.bytes_total, progress.stage = len(texts + shards), total, "downloading"
@@ -216,7 +219,7 @@ def _pull(
         if filename == shards[0]:  # the tokenizer is in: no custom code there either, before the weights
             tokenizer_config = staging / "tokenizer_config.json"
             if tokenizer_config.is_file() and "auto_map" in _read_json(tokenizer_config):
-                raise _custom_code(repo_id, "tokenizer_config.json")
+                raise custom_code(repo_id, "tokenizer_config.json")
         progress.file_bytes, progress.file = listed.get(filename) or 0, filename
         fetch(filename)
         done += listed.get(filename) or 0
@@ -271,34 +274,6 @@ def _register(staging: Path, target: Path, files: list[str], record: dict[str, A
         staging.parent.rmdir()  # when no other revision of the repo is half-pulled there
 
 
-def _commit_sha(sha: object, repo_id: str, revision: str | None, endpoint: str) -> str:
-    """The commit the Hub answered, only when it is one: it names a directory (and the URLs)."""
-    if not sha:
-        raise Unavailable(f"{endpoint} did not say which commit {repo_id}@{revision} is", code="hub_error")
-    if not (isinstance(sha, str) and COMMIT_SHA_RE.fullmatch(sha)):
-        raise Unavailable(
-            f"{endpoint} answered {str(sha)[:80]!r} as the commit of {repo_id}@{revision or 'main'}, "
-            "which is not a commit sha (40 hex digits); nothing was downloaded. Check HF_ENDPOINT: a mirror "
-            "should answer what the Hub does.",
-            code="hub_bad_commit",
-        )
-    return sha
-
-
-def _refuse_oversized(repo_id: str, files: list[str], listed: dict[str, int | None], cap: int) -> None:
-    for filename in files:
-        if (size := listed.get(filename)) is not None and size > cap:
-            raise _too_large(f"{repo_id}: {filename} is listed at {size} bytes, over the cap", cap)
-
-
-def _too_large(what: str, cap: int) -> PayloadTooLarge:
-    return PayloadTooLarge(
-        f"{what} of {cap} bytes (FTUNE_HUB_MAX_FILE_BYTES); nothing more was downloaded. Raise the setting "
-        "if the model really has files this large.",
-        code="hub_file_too_large",
-    )
-
-
 class _Capped:
     """The `.part` file as http_get writes it, refusing to grow past `cap` bytes."""
 
@@ -307,7 +282,7 @@ class _Capped:
 
     def write(self, chunk: bytes) -> int:
         if self.f.tell() + len(chunk) > self.cap:
-            raise _too_large(f"{self.what} sent more than the cap", self.cap)
+            raise too_large(f"{self.what} sent more than the cap", self.cap)
         return self.f.write(chunk)
 
     def tell(self) -> int:
@@ -352,64 +327,6 @@ def _part(dest: Path) -> Path:
     return dest.with_name(dest.name + ".part")
 
 
-def _refuse_without_safetensors(repo_id: str, listed: dict[str, int | None]) -> None:
-    if WEIGHTS in listed or WEIGHTS_INDEX in listed:
-        if CONFIG not in listed:
-            raise Unsupported(f"{repo_id} has no {CONFIG}", code="not_a_model", param="repo_id")
-        return
-    pickles = sorted(f for f in listed if f.endswith(PICKLE_SUFFIXES))
-    found = f"it has {', '.join(pickles[:5])}" if pickles else "it has no weights ftune can load"
-    raise Unsupported(
-        f"{repo_id} has no safetensors weights ({WEIGHTS} or {WEIGHTS_INDEX}); {found}. ftune loads "
-        "safetensors only: pickle weights can run code when loaded. Pick a revision or a repo with "
-        "safetensors (or convert the weights yourself and copy them in by hand).",
-        code="no_safetensors",
-        param="repo_id",
-    )
-
-
-def _check_config(repo_id: str, config: dict[str, Any]) -> None:
-    if "auto_map" in config:
-        raise _custom_code(repo_id, CONFIG)
-    try:
-        from_config(config)
-    except Unsupported as exc:
-        supported = ", ".join(sorted(k for k in BUILDERS if k.islower()))
-        model_type = config.get("model_type")
-        if model_type in BUILDERS:  # a supported family whose config is not (a MoE with dense layers)
-            raise Unsupported(f"{repo_id}: {exc.message}", code=exc.code, param="repo_id") from None
-        detail = f"model_type {model_type!r}" if exc.code == "unsupported_architecture" else exc.message
-        raise Unsupported(
-            f"{repo_id}: {detail} is not supported by ftune; supported model types: {supported}",
-            code="unsupported_architecture",
-            param="repo_id",
-        ) from None
-    except InvalidInput as exc:
-        raise InvalidInput(f"{repo_id}: {exc.message}", param="repo_id") from None
-
-
-def _custom_code(repo_id: str, filename: str) -> Unsupported:
-    return Unsupported(
-        f"{repo_id} needs custom code ({filename} has auto_map) and ftune never enables trust_remote_code; "
-        "use a checkpoint of an architecture that transformers ships",
-        code="remote_code_refused",
-        param="repo_id",
-    )
-
-
-def _shards(repo_id: str, index: dict[str, Any], listed: dict[str, int | None]) -> list[str]:
-    weight_map = index.get("weight_map")
-    shards = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
-    bad = [s for s in shards if not (isinstance(s, str) and s.endswith(".safetensors") and s in listed)]
-    if not shards or bad or any("/" in s for s in shards):
-        raise Unsupported(
-            f"{repo_id}: {WEIGHTS_INDEX} names shards that are not safetensors files of the repo: {bad[:3]}",
-            code="no_safetensors",
-            param="repo_id",
-        )
-    return shards
-
-
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
@@ -429,88 +346,6 @@ def _lock(path: Path, repo_id: str) -> Iterator[None]:
         except BlockingIOError:
             raise Conflict(f"{repo_id} is being pulled already", code="pull_in_progress") from None
         yield
-
-
-def _as_ftune_error(
-    exc: Exception, repo_id: str, revision: str | None, endpoint: str, target: Path
-) -> FtuneError:
-    """huggingface_hub's and httpx's exceptions, as errors that say what to do."""
-    from huggingface_hub import errors as hub
-
-    if isinstance(exc, hub.GatedRepoError):
-        return Forbidden(
-            f"{repo_id} is gated: accept its terms on the Hub, then set HF_TOKEN to a token of that account",
-            code="hub_gated",
-        )
-    if isinstance(exc, hub.RevisionNotFoundError):
-        return NotFound(f"{repo_id} has no revision {revision!r} on {endpoint}", code="revision_not_found")
-    if isinstance(exc, hub.RepositoryNotFoundError):
-        return NotFound(
-            f"{repo_id} is not a model repo on {endpoint} (a private repo needs HF_TOKEN)",
-            code="model_not_found",
-        )
-    if isinstance(exc, hub.OfflineModeIsEnabled):
-        return Unavailable(
-            f"HF_HUB_OFFLINE is set; copy the model by hand: {_by_hand(target)}", code="hub_offline"
-        )
-    status = getattr(getattr(exc, "response", None), "status_code", None)
-    if status in (401, 403):
-        return Forbidden(
-            f"{endpoint} refused access to {repo_id} ({status}): check HF_TOKEN", code="hub_auth"
-        )
-    resume = "Files already downloaded are kept: run the same command again to continue."
-    fault = _network_fault(exc)
-    if fault == "connect":
-        return Unavailable(
-            f"cannot reach the Hugging Face Hub at {endpoint} ({_reason(exc)}). Set HF_ENDPOINT to a Hub "
-            "mirror this machine can reach; or, without network, set HF_HUB_OFFLINE=1 and copy the model "
-            f"by hand: {_by_hand(target)}. {resume}",
-            code="hub_unreachable",
-        )
-    if fault == "dropped":
-        return Unavailable(
-            f"the connection to {endpoint} broke off while pulling {repo_id} ({_reason(exc)}). {resume}",
-            code="hub_interrupted",
-        )
-    return Unavailable(
-        f"pulling {repo_id} from {endpoint} failed: {_reason(exc)}. {resume}", code="hub_error"
-    )
-
-
-def _network_fault(exc: BaseException) -> str | None:
-    """Which network fault is in the chain of causes: "connect" (refused, a name that does not resolve, a
-    connect timeout) or "dropped" (broke off or stalled mid-transfer); None for an answer from the server."""
-    from huggingface_hub import errors as hub
-
-    connect: list[type[BaseException]] = [hub.LocalEntryNotFoundError, ConnectionError]
-    dropped: list[type[BaseException]] = [TimeoutError]
-    for name in ("httpx2", "httpx"):  # huggingface_hub 2 uses httpx2, 1.x httpx
-        with suppress(ImportError, AttributeError):
-            module = __import__(name)
-            connect += [module.ConnectError, module.ConnectTimeout, module.ProxyError]
-            dropped.append(module.TransportError)
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, tuple(connect)):
-            return "connect"
-        if isinstance(seen, tuple(dropped)):
-            return "dropped"
-        seen = seen.__cause__  # not __context__: an HTTP 503 raised while retrying a drop is no network fault
-    return None
-
-
-def _reason(exc: BaseException) -> str:
-    root = exc
-    while root.__cause__ is not None or root.__context__ is not None:
-        root = root.__cause__ or root.__context__  # type: ignore[assignment]
-    return f"{type(root).__name__}: {str(root).splitlines()[0] if str(root) else ''}".rstrip(": ")
-
-
-def _by_hand(target: Path) -> str:
-    return (
-        f"put config.json, the tokenizer files and the *.safetensors weights in {target}/ "
-        "(`ftune models list` shows it)"
-    )
 
 
 def _size(n: int) -> str:

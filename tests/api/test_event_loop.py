@@ -14,31 +14,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
-import uvicorn
 from sqlalchemy import create_engine, text
 
 from api.main import create_app
 from core.settings import Settings
 from tests.api.conftest import ALPACA, RecordingEnqueuer, RecordingTokenStats, new_key
-from tests.e2e.stack import free_port
+from tests.e2e.stack import uvicorn_thread
 
 
 @contextmanager
 def serving(settings: Settings) -> Iterator[tuple[str, dict[str, str]]]:
     app = create_app(settings, enqueue=RecordingEnqueuer(), token_stats=RecordingTokenStats())
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}", new_key(app, "acme")
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with uvicorn_thread(app) as base:
+        yield base, new_key(app, "acme")
 
 
 @contextmanager

@@ -9,7 +9,6 @@ GET /jobs stays fast while the first opens 300 streams (the strict figure: bench
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import event
 
@@ -30,7 +28,7 @@ from models.transitions import transition
 from tests.api.conftest import RecordingEnqueuer, RecordingTokenStats
 from tests.e2e.hostile_load import percentile
 from tests.e2e.sse_load import open_streams, probe_jobs, queued_job, sse_stack
-from tests.e2e.stack import free_port
+from tests.e2e.stack import uvicorn_thread
 
 POLL = 0.1
 
@@ -43,19 +41,10 @@ def serving(settings: Settings, **values: Any) -> Iterator[tuple[str, FastAPI]]:
         enqueue=RecordingEnqueuer(),
         token_stats=RecordingTokenStats(),
     )
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{port}", app
+        with uvicorn_thread(app) as base:
+            yield base, app
     finally:
-        server.should_exit = True
-        thread.join(30)
         app.state.services.engine.dispose()
 
 

@@ -23,7 +23,7 @@ pytest.importorskip("trl")
 RUNS = ["ftune packed", "trl packed", "ftune eager", "trl fastest", "trl fastest bf16", "unsloth",
         "ftune padded", "trl padded"]  # fmt: skip
 TRAINED = [r for r in RUNS if r != "unsloth"]
-WIDTH = max(len(r) for r in RUNS) + 1  # the table's run column (gpu_vs_trl.NAME_WIDTH: "trl fastest sdpa")
+WIDTH = max(len(r) for r in RUNS) + 1  # the table's run column (race.NAME_WIDTH: "trl fastest sdpa")
 
 
 def smoke(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:

@@ -12,7 +12,6 @@ job's submission, naming the field.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +21,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from api.main import create_app
 from core import ft_names
@@ -32,7 +30,7 @@ from models.db import session_scope
 from models.migrate import upgrade
 from models.tenants import ensure_key, get_or_create_tenant
 from tests.api.conftest import RecordingEnqueuer, RecordingTokenStats
-from tests.e2e.stack import free_port
+from tests.e2e.stack import free_port, uvicorn_thread
 from tests.openai.conftest import TINY
 from tests.openai.engine_double import ENGINE_KEY, ChatStack, EngineDouble, serve
 
@@ -89,19 +87,13 @@ def judged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Judged]:
     with session_scope(app.state.services.sessions) as s:
         ensure_key(s, JUDGE_KEY, "ftune-judge", is_admin=False)
         judge_tenant = get_or_create_tenant(s, "ftune-judge").id
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
     try:
-        yield Judged(base, ChatStack(base, tmp / "data", database_url, engine), judge_tenant)
+        with uvicorn_thread(app, port):
+            try:
+                yield Judged(base, ChatStack(base, tmp / "data", database_url, engine), judge_tenant)
+            finally:
+                engine.release.set()  # a request still held by the engine double ends before the server
     finally:
-        engine.release.set()
-        server.should_exit = True
-        thread.join(30)
         double.shutdown()
         double.server_close()
         app.state.services.engine.dispose()
