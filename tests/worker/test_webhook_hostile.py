@@ -64,7 +64,8 @@ def test_a_stalled_receiver_leaves_the_heartbeat_alone(
     tmp_path: Path, migrated_url: str, slow: SlowLoris
 ) -> None:
     """The worker's tick (heartbeat, reaper) runs every 0.2 s; the webhook attempt to a receiver that
-    trickles ends at its 2.5 s deadline, recorded, while the heartbeat never gets older than a few ticks."""
+    trickles ends at its 2.5 s deadline, recorded, while the heartbeat keeps being written: many distinct
+    beats during the attempt, none as old as the attempt (a tick that waited on it would be)."""
     timeout = 2.5
     values = {"reaper_interval_seconds": 0.2, "webhook_timeout_seconds": timeout, "worker_name": "w-hook"}
     values |= {"secret_key": SECRET_KEY, "webhook_allow_private": True, "resend_after_seconds": 3600}
@@ -83,13 +84,14 @@ def test_a_stalled_receiver_leaves_the_heartbeat_alone(
         )
         worker.started({QUEUE, class_queue(HERE)})
         try:
-            start, ages = time.monotonic(), []
+            start, ages, beats = time.monotonic(), [], set()
             while not attempts(sessions, event_id):
                 assert time.monotonic() - start < timeout + 5, "the attempt did not end at its deadline"
                 with sessions() as s:
                     me = s.get(WorkerRow, "w-hook")
                     assert me is not None
                     ages.append((utcnow() - me.heartbeat_at).total_seconds())
+                    beats.add(me.heartbeat_at)
                 time.sleep(0.1)
             took = time.monotonic() - start
         finally:
@@ -98,7 +100,8 @@ def test_a_stalled_receiver_leaves_the_heartbeat_alone(
         assert attempt.status_code is None and attempt.error is not None and "TimeoutError" in attempt.error
         assert took < timeout + 3
         assert slow.connections == 1 and slow.sent >= 1
-        assert len(ages) >= 10 and max(ages) < 1.5, ages  # fresh all along (alive means < 90 s)
+        # A loaded 2-core CI machine may stall one tick for a second; it never stalls it for the attempt.
+        assert len(beats) >= 5 and max(ages) < timeout, ages
 
 
 def test_one_tenant_holds_at_most_its_share_of_the_pool(sessions: sessionmaker[Session]) -> None:
