@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +30,9 @@ from core.data.examples import Message
 from inference.engine import Engine, LoadedBase, Target
 from inference.errors import Busy, EngineError
 from inference.scheduler import DONE, Outbox, Ticket
+from inference.structured import Shape
+from inference.tool_calls import ToolFormat
+from training.decoding.constraint import Grammar
 from training.decoding.engine import Completion, Decoder, Row, eos_ids
 from training.decoding.kv import batchable
 from training.decoding.sampling import Sampling, row_generator
@@ -48,7 +51,9 @@ class Chat:
     n: int = 1
     seed: int | None = None
     generation_seconds: float = 120.0
+    shape: Shape = field(default_factory=Shape)  # what its answer must be (tools, JSON)
     rendered: tuple[LoadedBase, list[int], Sampling] | None = None  # kept while it waits for room
+    shaped: tuple[Grammar | None, ToolFormat | None] = (None, None)  # on the base it renders for
 
 
 @dataclass
@@ -134,7 +139,11 @@ class Batcher:
         if self.busy and self._loaded is not None and request.target.base != self._loaded.info.name:
             return False
         if request.rendered is None:
-            request.rendered = self.engine.render(request.target, request.messages, request.sampling)
+            rendered = self.engine.render(
+                request.target, request.messages, request.sampling, request.shape.tools
+            )
+            request.shaped = self.engine.shaped(request.target, rendered[0], request.shape)
+            request.rendered = rendered
         loaded, prompt, sampling = request.rendered
         if self._room(len(prompt) + (sampling.max_tokens or 0)) < 1:
             return False
@@ -149,7 +158,7 @@ class Batcher:
             self._loaded, self._alone = loaded, not batchable(loaded.model.config)  # type: ignore[attr-defined]
             self._decoder = Decoder(loaded.model, per_row_adapters=True)
         self._jobs.append(job)
-        self._out.put(ticket, ("ready", len(prompt)))
+        self._out.put(ticket, ("ready", len(prompt), request.shaped[1]))
         self._start_rows(job)
         return True
 
@@ -185,10 +194,15 @@ class Batcher:
         def emit(text: str) -> None:
             self._out.put(ticket, ("delta", choice, text))
 
+        grammar, fmt = job.request.shaped
+        text = TextStream(
+            self._loaded.tokenizer, job.sampling.stop, job.eos, emit, keep_special=fmt is not None
+        )
         return _Row(
             sampling=job.sampling,
             stops=job.eos,
-            text=TextStream(self._loaded.tokenizer, job.sampling.stop, job.eos, emit),
+            text=text,
+            constraint=grammar.constraint() if grammar is not None else None,
             generator=None if job.sampling.greedy else row_generator(job.request.seed, choice),
             adapter=job.slot,
             ended=lambda: job.ended,

@@ -24,12 +24,16 @@ from dataclasses import dataclass, field, replace
 from math import inf
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from core.catalog import BaseModelInfo, Catalog
 from core.data.examples import Message
 from inference import adapters
 from inference.adapters import Adapter
 from inference.errors import Busy, EngineError, invalid, model_not_found
+from inference.structured import Shape
+from inference.tool_calls import ToolFormat
+from training.decoding.constraint import Grammar
 from training.decoding.engine import Completion, Row, decode, eos_ids
 from training.decoding.lora_rows import BASE_ROWS
 from training.decoding.sampling import Sampling
@@ -49,13 +53,16 @@ class LoadedBase:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A request ready to generate: the model set for it, its prompt ids and its sampling."""
+    """A request ready to generate: the model set for it, its prompt ids, its sampling and what its
+    answer must be (inference.structured: the grammar it keeps to, the format its tool calls are read in)."""
 
     model: object
     tokenizer: object
     prompt: list[int]
     sampling: Sampling
     base_only: bool
+    grammar: Grammar | None = None
+    tool_format: ToolFormat | None = None
 
 
 @dataclass(frozen=True)
@@ -142,23 +149,38 @@ class Engine:
             return False
 
     # -- generation thread ------------------------------------------------------------------------------
-    def start(self, target: Target, messages: Sequence[Message], sampling: Sampling) -> Prepared:
-        """Load what the target needs and render its prompt; a prompt that does not fit is a 400 here,
-        before any token is generated (and before a stream has sent its headers)."""
-        loaded, ids, sampling = self.render(target, messages, sampling)
+    def start(
+        self, target: Target, messages: Sequence[Message], sampling: Sampling, shape: Shape = Shape()
+    ) -> Prepared:
+        """Load what the target needs and render its prompt; a prompt that does not fit, or an answer
+        shape it cannot keep to, is a 400 here, before any token is generated (and before a stream has
+        sent its headers)."""
+        loaded, ids, sampling = self.render(target, messages, sampling, shape.tools)
+        grammar, fmt = self.shaped(target, loaded, shape)
         _, model = self.prepare(target)
-        return Prepared(model, loaded.tokenizer, ids, sampling, base_only=target.adapter is None)
+        return Prepared(model, loaded.tokenizer, ids, sampling, target.adapter is None, grammar, fmt)
+
+    def shaped(
+        self, target: Target, loaded: LoadedBase, shape: Shape
+    ) -> tuple[Grammar | None, ToolFormat | None]:
+        """The grammar a request's answers keep to and the format its calls are read in, on its base."""
+        name = target.adapter.name if target.adapter else target.base
+        return shape.grammar(loaded.tokenizer, name), shape.tool_format(loaded.tokenizer, name)
 
     def render(
-        self, target: Target, messages: Sequence[Message], sampling: Sampling
+        self,
+        target: Target,
+        messages: Sequence[Message],
+        sampling: Sampling,
+        tools: Sequence[dict[str, Any]] = (),
     ) -> tuple[LoadedBase, list[int], Sampling]:
-        """The target's base loaded, the prompt's ids and the sampling with max_tokens filled in (up to the
-        context); 400 context_length_exceeded when they do not fit."""
+        """The target's base loaded, the prompt's ids (with the tools offered) and the sampling with
+        max_tokens filled in (up to the context); 400 context_length_exceeded when they do not fit."""
         from inference.prompt import prompt_ids
 
         loaded = self._base(target.base)
         self._drop_unregistered(loaded)
-        ids = prompt_ids(messages, loaded.tokenizer)
+        ids = prompt_ids(messages, loaded.tokenizer, tools)
         room = loaded.context - len(ids)
         if room < 1 or (sampling.max_tokens or 0) > room:
             raise invalid(
@@ -219,10 +241,15 @@ class Engine:
         return _generate(model, p, on_text, cancelled, deadline)
 
     def complete(
-        self, target: Target, messages: Sequence[Message], sampling: Sampling, seed: int | None = None
+        self,
+        target: Target,
+        messages: Sequence[Message],
+        sampling: Sampling,
+        seed: int | None = None,
+        shape: Shape = Shape(),
     ) -> tuple[int, Completion]:
         """start + generate: (prompt tokens, the completion)."""
-        prepared = self.start(target, messages, sampling)
+        prepared = self.start(target, messages, sampling, shape)
         if seed is not None:
             seed_everything(seed)
         return len(prepared.prompt), self.generate(prepared)
@@ -318,8 +345,9 @@ def _generate(
 
     eos = set() if p.sampling.ignore_eos else eos_ids(model, p.tokenizer)
     gone, until = cancelled or threading.Event(), inf if deadline is None else deadline
-    text = TextStream(p.tokenizer, p.sampling.stop, eos, on_text)
-    row = Row(sampling=p.sampling, stops=eos, text=text)
+    text = TextStream(p.tokenizer, p.sampling.stop, eos, on_text, keep_special=p.tool_format is not None)
+    constraint = p.grammar.constraint() if p.grammar is not None else None
+    row = Row(sampling=p.sampling, stops=eos, text=text, constraint=constraint)
     row.ended = lambda: gone.is_set() or time.monotonic() >= until
     with torch.inference_mode():
         decode(model, [p.prompt], [row])

@@ -1,43 +1,28 @@
 """Request bodies of the engine's endpoints: OpenAI's chat completion request and vLLM's adapter calls.
 
-Fields OpenAI defines that the engine does not act on (e.g. `user`, `metadata`) are accepted and ignored,
-as OpenAI-compatible servers do; the ones that would change the answer and are not supported
-(tools, logprobs, penalties other than 0, response_format other than text) are refused by name.
+Messages are read as uploads read them (core.data): contents as strings or text parts (an image part is
+400 unsupported_content), an assistant's `tool_calls` (or legacy `function_call`) with JSON-string
+arguments, `tool` messages with the `tool_call_id` they answer, `tools` (or legacy `functions`) with
+valid JSON-schema parameters; a problem is a 400 naming the field. Fields OpenAI defines that the engine
+does not act on (e.g. `user`, `metadata`) are accepted and ignored, as OpenAI-compatible servers do; the
+ones that would change the answer and are not supported (logprobs, penalties other than 0) are refused.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from core.chat_limits import MAX_N, MAX_STOP_CHARS, MAX_STOPS
-from core.data.examples import Message
+from core.data.conversation import ROLES
+from core.data.messages import Message, row_tools, to_messages
+from core.data.parts import content_text
+from core.data.problems import LineProblem
+from core.data.tools import check_calls, check_tools
 from inference.errors import invalid
+from inference.structured import Shape
 from training.decoding.sampling import Sampling
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[dict[str, Any]] | None = None
-
-    def text(self, index: int) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        parts = []
-        for part in self.content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise invalid(
-                    "only text content parts are supported",
-                    f"messages[{index}].content",
-                    "unsupported_content",
-                )
-            parts.append(part["text"])
-        return "".join(parts)
 
 
 class StreamOptions(BaseModel):
@@ -50,7 +35,7 @@ class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str = Field(min_length=1)
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -61,12 +46,16 @@ class ChatRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM's extension (extra_body): generate exactly max_tokens
-    # refused unless left at OpenAI's default (the engine does not implement them)
     tools: list[Any] | None = None
+    functions: list[Any] | None = None  # the legacy form of tools
+    tool_choice: str | dict[str, Any] | None = None
+    function_call: str | dict[str, Any] | None = None  # the legacy form of tool_choice
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    # refused unless left at OpenAI's default (the engine does not implement them)
     logprobs: bool | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
-    response_format: dict[str, Any] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -79,23 +68,36 @@ class ChatRequest(BaseModel):
         return v
 
     def refuse_unsupported(self) -> None:
-        if self.tools:
-            raise invalid("tools are not supported by this engine", "tools", "unsupported_parameter")
         if self.logprobs:
             raise invalid("logprobs are not supported by this engine", "logprobs", "unsupported_parameter")
         for name in ("frequency_penalty", "presence_penalty"):
             if getattr(self, name):
                 raise invalid(f"{name} is not supported by this engine", name, "unsupported_parameter")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise invalid(
-                "only response_format type text is supported", "response_format", "unsupported_parameter"
-            )
+
+    def shape(self) -> Shape:
+        """What the answer must be (its tools, how they may be called, its JSON); 400 naming the field."""
+        given = {"tools": self.tools, "functions": self.functions}
+        try:
+            check_tools(given, strict=True)
+        except LineProblem as p:
+            raise invalid(p.message, p.field, p.code) from None
+        tools = [dict(t) for t in row_tools(given) or ()]
+        choice = self.tool_choice
+        if choice is None and self.function_call is not None:  # the legacy form: "auto", "none", {"name"}
+            fc = self.function_call
+            choice = {"type": "function", "function": fc} if isinstance(fc, dict) else fc
+        return Shape.of(tools, choice, self.parallel_tool_calls, self.response_format)
 
     def chat_messages(self) -> list[Message]:
-        role: dict[str, Any] = {"developer": "system"}
-        return [
-            Message(role=role.get(m.role, m.role), content=m.text(i)) for i, m in enumerate(self.messages)
-        ]
+        """The messages as the chat template gets them ("developer" is "system"); 400 naming the field."""
+        try:
+            return list(to_messages([_checked(m, i) for i, m in enumerate(self.messages)]))
+        except LineProblem as p:
+            raise invalid(p.message, p.field, p.code) from None
+        except StopIteration:  # a legacy `function` message after no function_call of that name
+            raise invalid(
+                "a function message answers no function_call", "messages", "unknown_tool_call_id"
+            ) from None
 
     def sampling(self) -> Sampling:
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -120,3 +122,21 @@ class UnloadAdapter(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     lora_name: str = Field(min_length=1)
+
+
+def _checked(m: dict[str, Any], i: int) -> dict[str, Any]:
+    """One message checked as an upload's are, its content as text; "developer" becomes "system"."""
+    at = f"messages[{i}]"
+    role = "system" if m.get("role") == "developer" else m.get("role")
+    if role not in ROLES:
+        raise LineProblem("invalid_role", f"must be one of developer, {', '.join(ROLES)}", f"{at}.role")
+    required = role not in ("assistant", "tool", "function")
+    content = content_text(m.get("content"), f"{at}.content", strict=False, required=required)
+    out = {**m, "role": role, "content": content}
+    if role == "assistant":
+        check_calls(m, at, None, strict=False, any_name=True)
+    if role == "tool" and not isinstance(m.get("tool_call_id"), str):
+        raise LineProblem("missing_field", "is required", f"{at}.tool_call_id")
+    if role == "function" and not isinstance(m.get("name"), str):
+        raise LineProblem("missing_field", "is required", f"{at}.name")
+    return out

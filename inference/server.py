@@ -35,8 +35,9 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ from inference.engine import Engine, seed_everything
 from inference.errors import EngineError
 from inference.scheduler import DONE, Scheduler, Ticket
 from inference.schemas import ChatRequest, LoadAdapter, UnloadAdapter
+from inference.tool_calls import Call, CallReader, ToolFormat
 from training.decoding.engine import Completion
 
 log = logging.getLogger("ftune.inference")
@@ -94,6 +96,7 @@ def create_app(
     sequential: bool = False,
 ) -> FastAPI:
     executor = None if sequential else Batcher(engine)
+    one_by_one = partial(_one_by_one, generation_seconds=generation_seconds)
     scheduler = Scheduler(max_waiting=max_waiting, timeout_seconds=timeout_seconds, executor=executor)
 
     @asynccontextmanager
@@ -169,70 +172,84 @@ def create_app(
     async def chat_completions(request: Request, body: ChatRequest) -> Response:
         body.refuse_unsupported()
         target = engine.resolve(body.model)
-        messages, sampling = body.chat_messages(), body.sampling()
-
-        def work(ticket: Ticket) -> None:
-            deadline = time.monotonic() + generation_seconds  # for all the request's choices together
-            prepared = engine.start(target, messages, sampling)
-            ticket.emit(("ready", len(prepared.prompt)))
-            if body.seed is not None:
-                seed_everything(body.seed)
-            for i in range(body.n):
-
-                def delta(text: str, i: int = i) -> None:
-                    ticket.emit(("delta", i, text))
-
-                if time.monotonic() < deadline:
-                    done = engine.generate(prepared, delta, ticket.cancelled, deadline)
-                else:
-                    done = Completion()  # no time left for this choice: empty, cut short ("length")
-                ticket.emit(("finish", i, done))
-                if ticket.cancelled.is_set():
-                    return
-            if time.monotonic() >= deadline:
-                log.warning(
-                    "a request for %s was cut at its %g s generation deadline", body.model, generation_seconds
-                )
-
+        messages, sampling, shape = body.chat_messages(), body.sampling(), body.shape()
         if sequential:
-            ticket = scheduler.submit(work)
+            ticket = scheduler.submit(one_by_one(engine, body, Chat(target, messages, sampling, shape=shape)))
         else:
-            ticket = scheduler.submit(Chat(target, messages, sampling, body.n, body.seed, generation_seconds))
-
-        async def answer() -> Response:
-            await scheduler.wait_start(ticket)
-            _, prompt_tokens = await _next(ticket)
-            reply = Reply(body, prompt_tokens)
-            if not body.stream:
-                return JSONResponse(await reply.collect(ticket))
-            return StreamingResponse(  # a client gone mid-stream: Reply.stream withdraws the ticket
-                reply.stream(ticket, scheduler),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            ticket = scheduler.submit(
+                Chat(target, messages, sampling, body.n, body.seed, generation_seconds, shape)
             )
-
-        # Until the answer is ready (the whole of it when not streaming), watch for the client going away:
-        # then the request leaves the line, or its generation stops at the next token.
-        answering, gone = asyncio.ensure_future(answer()), asyncio.ensure_future(_disconnected(request))
-        try:
-            await asyncio.wait({answering, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            dropped = not answering.done()
-            if dropped:
-                answering.cancel()  # takes effect when the task next runs: it is not done yet
-                scheduler.withdraw(ticket)
-        if dropped:
-            await asyncio.gather(answering, return_exceptions=True)  # its end, whatever it is, is moot
-            log.info("a client of %s went away before its answer; generation stopped", body.model)
-            return Response(status_code=499)  # nobody reads it
-        try:
-            return answering.result()
-        except BaseException:
-            scheduler.withdraw(ticket)
-            raise
+        return await answered(request, body, ticket, scheduler)
 
     return app
+
+
+def _one_by_one(
+    engine: Engine, body: ChatRequest, chat: Chat, generation_seconds: float
+) -> Callable[[Ticket], None]:
+    """A request's work in the sequential engine (--sequential): its choices one after another, each
+    decoded alone; all of them within the generation deadline."""
+
+    def work(ticket: Ticket) -> None:
+        deadline = time.monotonic() + generation_seconds  # for all the request's choices together
+        prepared = engine.start(chat.target, chat.messages, chat.sampling, chat.shape)
+        ticket.emit(("ready", len(prepared.prompt), prepared.tool_format))
+        if body.seed is not None:
+            seed_everything(body.seed)
+        for i in range(body.n):
+
+            def delta(text: str, i: int = i) -> None:
+                ticket.emit(("delta", i, text))
+
+            if time.monotonic() < deadline:
+                done = engine.generate(prepared, delta, ticket.cancelled, deadline)
+            else:
+                done = Completion()  # no time left for this choice: empty, cut short ("length")
+            ticket.emit(("finish", i, done))
+            if ticket.cancelled.is_set():
+                return
+        if time.monotonic() >= deadline:
+            log.warning(
+                "a request for %s was cut at its %g s generation deadline", body.model, generation_seconds
+            )
+
+    return work
+
+
+async def answered(request: Request, body: ChatRequest, ticket: Ticket, scheduler: Scheduler) -> Response:
+    """The ticket's answer (JSON, or a stream), or 499 when the client goes away before it is ready: then
+    the request leaves the line, or its generation stops at the next token."""
+
+    async def answer() -> Response:
+        await scheduler.wait_start(ticket)
+        _, prompt_tokens, tool_format = await _next(ticket)
+        reply = Reply(body, prompt_tokens, tool_format)
+        if not body.stream:
+            return JSONResponse(await reply.collect(ticket))
+        return StreamingResponse(  # a client gone mid-stream: Reply.stream withdraws the ticket
+            reply.stream(ticket, scheduler),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    answering, gone = asyncio.ensure_future(answer()), asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({answering, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        dropped = not answering.done()
+        if dropped:
+            answering.cancel()  # takes effect when the task next runs: it is not done yet
+            scheduler.withdraw(ticket)
+    if dropped:
+        await asyncio.gather(answering, return_exceptions=True)  # its end, whatever it is, is moot
+        log.info("a client of %s went away before its answer; generation stopped", body.model)
+        return Response(status_code=499)  # nobody reads it
+    try:
+        return answering.result()
+    except BaseException:
+        scheduler.withdraw(ticket)
+        raise
 
 
 async def _next(ticket: Ticket) -> tuple:
@@ -246,13 +263,17 @@ async def _next(ticket: Ticket) -> tuple:
 
 
 class Reply:
-    """The completion's OpenAI shapes, from the ticket's events (deltas and finishes per choice)."""
+    """The completion's OpenAI shapes, from the ticket's events (deltas and finishes per choice). With
+    tools, each choice's text is read for calls (inference.tool_calls): content and `tool_calls`, finish
+    "tool_calls"; a stream sends each call whole once it has closed."""
 
-    def __init__(self, body: ChatRequest, prompt_tokens: int) -> None:
+    def __init__(self, body: ChatRequest, prompt_tokens: int, tool_format: ToolFormat | None = None) -> None:
         self.body = body
         self.prompt_tokens = prompt_tokens
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.readers = {i: CallReader(tool_format.template) for i in range(body.n)} if tool_format else {}
+        self.calls: dict[int, list[Call]] = {i: [] for i in range(body.n)}
 
     def usage(self, completion_tokens: int) -> dict[str, int]:
         return {
@@ -261,20 +282,35 @@ class Reply:
             "total_tokens": self.prompt_tokens + completion_tokens,
         }
 
+    def pieces(self, i: int, text: str | None) -> list[tuple[str, Any]]:
+        """A choice's new text (None: its end) as ("content", text) and ("call", Call) pieces."""
+        reader = self.readers.get(i)
+        if reader is None:
+            return [("content", text)] if text else []
+        out = reader.feed(text) if text is not None else reader.finish()
+        self.calls[i] += [call for kind, call in out if kind == "call"]
+        return out
+
+    def finish_reason(self, i: int, done: Completion) -> str:
+        return "tool_calls" if self.calls[i] and done.finish_reason == "stop" else done.finish_reason
+
     async def collect(self, ticket: Ticket) -> dict[str, Any]:
         choices: dict[int, dict[str, Any]] = {}
+        texts: dict[int, str] = {}
         tokens = 0
         while (event := await ticket.events.get()) is not DONE:
             if event[0] == "error":
                 raise event[1]
+            if event[0] == "delta":
+                texts[event[1]] = texts.get(event[1], "") + event[2]
             if event[0] == "finish":
                 i, done = event[1], event[2]
                 tokens += done.tokens
                 choices[i] = {
                     "index": i,
-                    "message": {"role": "assistant", "content": done.text},
+                    "message": self.message(i, done.text),
                     "logprobs": None,
-                    "finish_reason": done.finish_reason,
+                    "finish_reason": self.finish_reason(i, done),
                 }
         return {
             "id": self.id,
@@ -285,6 +321,16 @@ class Reply:
             "usage": self.usage(tokens),
         }
 
+    def message(self, i: int, text: str) -> dict[str, Any]:
+        if i not in self.readers:
+            return {"role": "assistant", "content": text}
+        pieces = self.pieces(i, text) + self.pieces(i, None)
+        content = "".join(p for kind, p in pieces if kind == "content").strip()
+        message: dict[str, Any] = {"role": "assistant", "content": content or None}
+        if self.calls[i]:
+            message["tool_calls"] = [call.openai() for call in self.calls[i]]
+        return message
+
     async def stream(self, ticket: Ticket, scheduler: Scheduler) -> AsyncIterator[str]:
         with_usage = bool(self.body.stream_options and self.body.stream_options.include_usage)
         tokens, sent = 0, False
@@ -293,10 +339,13 @@ class Reply:
                 yield self._chunk(with_usage, i, {"role": "assistant", "content": ""})
             while (event := await ticket.events.get()) is not DONE:
                 if event[0] == "delta":
-                    yield self._chunk(with_usage, event[1], {"content": event[2]})
+                    for delta in self._deltas(event[1], event[2]):
+                        yield self._chunk(with_usage, event[1], delta)
                 elif event[0] == "finish":
                     tokens += event[2].tokens
-                    yield self._chunk(with_usage, event[1], {}, event[2].finish_reason)
+                    for delta in self._deltas(event[1], None):
+                        yield self._chunk(with_usage, event[1], delta)
+                    yield self._chunk(with_usage, event[1], {}, self.finish_reason(event[1], event[2]))
                 elif event[0] == "error":
                     yield f"data: {json.dumps(event[1].body())}\n\n"
             if with_usage:
@@ -307,6 +356,18 @@ class Reply:
             scheduler.withdraw(ticket)  # a client that went away stops generation at the next token
             if not sent:
                 log.info("a client of %s went away mid-stream; generation stopped", self.body.model)
+
+    def _deltas(self, i: int, text: str | None) -> list[dict[str, Any]]:
+        """A choice's new text (None: its end) as stream deltas: content, or one whole tool call."""
+        before = len(self.calls.get(i, ()))
+        out = []
+        for kind, piece in self.pieces(i, text):
+            if kind == "content":
+                out.append({"content": piece})
+            else:
+                out.append({"tool_calls": [piece.openai(index=before)]})
+                before += 1
+        return out
 
     def _head(self) -> dict[str, Any]:
         return {

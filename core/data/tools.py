@@ -113,15 +113,16 @@ def _check_schema(schema: Any, at: str) -> None:
 
 
 def check_calls(
-    m: dict[str, Any], at: str, tools: ToolSet | None, strict: bool
+    m: dict[str, Any], at: str, tools: ToolSet | None, strict: bool, any_name: bool = False
 ) -> tuple[tuple[ToolCall, ...], int]:
-    """An assistant message's checked calls (none: ()) and the characters of their names and arguments."""
+    """An assistant message's checked calls (none: ()) and the characters of their names and arguments.
+    `any_name`: a call may name a tool not in `tools` (a chat request's history: tools come and go)."""
     calls, legacy = m.get("tool_calls"), m.get("function_call")
     if legacy is not None:
         if calls is not None:
             msg = 'give "tool_calls" or the legacy "function_call", not both'
             raise LineProblem("wrong_type", msg, f"{at}.function_call")
-        call = _call(legacy, f"{at}.function_call", tools, strict, "function_call")
+        call = _call(legacy, f"{at}.function_call", tools, strict, "function_call", any_name)
         return (call,), len(call.name) + len(call.arguments)
     if calls is None:
         return (), 0
@@ -141,15 +142,17 @@ def check_calls(
             raise LineProblem("wrong_type", f'must be "function"; got {show(c.get("type"))}', f"{where}.type")
         if c.get("function") is None:
             raise LineProblem("missing_field", "is required", f"{where}.function")
-        out.append(_call(c["function"], f"{where}.function", tools, strict, call_id))
+        out.append(_call(c["function"], f"{where}.function", tools, strict, call_id, any_name))
     return tuple(out), sum(len(c.name) + len(c.arguments) for c in out)
 
 
-def _call(function: Any, at: str, tools: ToolSet | None, strict: bool, call_id: str) -> ToolCall:
+def _call(
+    function: Any, at: str, tools: ToolSet | None, strict: bool, call_id: str, any_name: bool = False
+) -> ToolCall:
     if type(function) is not dict:
         raise LineProblem("wrong_type", f"must be an object; got {json_type(function)}", at)
     name = checked_string(function.get("name"), f"{at}.name", strict)
-    if tools is None or name not in tools.names:
+    if not any_name and (tools is None or name not in tools.names):
         known = ", ".join(sorted(tools.names)) if tools else ""
         where = (
             f"which is not among the row's tools ({known})"

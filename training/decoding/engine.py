@@ -29,6 +29,7 @@ from typing import Any, Literal
 import torch
 
 from training.decoding import sampling
+from training.decoding.constraint import Constraint
 from training.decoding.kv import BatchCache, new_cache
 from training.decoding.lora_rows import BASE_ROWS, AdapterRows
 from training.decoding.sampling import Sampling
@@ -58,6 +59,7 @@ class Row:
     ended: Callable[[], bool] | None = None  # True: it ends now, at the tokens it has ("length")
     on_finish: Callable[[Row], None] | None = None  # called once it has ended
     logprobs: list[float] | None = None  # [] to ask: each chosen token's log-probability (no warper)
+    constraint: Constraint | None = None  # a grammar its text keeps to (training.decoding.constraint)
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" or "length" once it has ended
 
@@ -174,7 +176,11 @@ class Decoder:
         row.tokens.append(token)
         if row.text is not None:
             row.text.add(token)
-        if token in row.stops or (row.text is not None and row.text.stopped):
+        complete = False
+        if row.constraint is not None and token not in row.stops:
+            row.constraint.accept(token)
+            complete = row.constraint.complete
+        if token in row.stops or complete or (row.text is not None and row.text.stopped):
             self._finish(row, "stop")
         elif len(row.tokens) >= _max_tokens(row) or (row.ended is not None and row.ended()):
             self._finish(row, "length")
@@ -197,17 +203,22 @@ class Decoder:
             self._cache.keep(keep)
 
     def _choose(self, logits: torch.Tensor, rows: Sequence[Row]) -> list[int]:
-        """Each row's next token (and its log-probability, for rows that asked)."""
+        """Each row's next token (and its log-probability under the model, for rows that asked); a row
+        with a grammar chooses among the tokens it allows."""
+        asked = [i for i, row in enumerate(rows) if row.logprobs is not None and not row.done]
+        own = logits.log_softmax(dim=-1) if asked else None  # before any grammar masks the logits
+        for i, row in enumerate(rows):
+            if row.constraint is not None and not row.done:
+                row.constraint.restrict(logits[i], row.stops)
         if self.draws == "batch":
             chosen: torch.Tensor | None = sampling.batch(logits, rows[0].sampling)
             tokens = chosen.tolist()  # type: ignore[union-attr]
         else:
             chosen = None
             tokens = sampling.per_row(logits, [r.sampling for r in rows], [r.generator for r in rows])
-        asked = [i for i, row in enumerate(rows) if row.logprobs is not None and not row.done]
-        if asked:
+        if own is not None:
             index = chosen if chosen is not None else torch.tensor(tokens, device=logits.device)
-            values = logits.log_softmax(dim=-1).gather(1, index.unsqueeze(1)).squeeze(1).tolist()
+            values = own.gather(1, index.unsqueeze(1)).squeeze(1).tolist()
             for i in asked:
                 rows[i].logprobs.append(values[i])  # type: ignore[union-attr]
         return tokens

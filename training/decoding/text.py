@@ -1,8 +1,9 @@
 """Generated ids -> text released so far, holding back what might still become a stop string.
 
-A row's text is its ids decoded without special tokens, end tokens left out. Text is released as soon as it
-cannot be the start of a stop string; a stop string ends the row at that token, its text cut where the stop
-string starts. A piece that ends in an incomplete UTF-8 sequence waits for its next bytes.
+A row's text is its ids decoded without special tokens (unless kept: tool-call markup), end tokens left
+out. Text is released as soon as it cannot be the start of a stop string; a stop string ends the row at
+that token, its text cut where the stop string starts. A piece that ends in an incomplete UTF-8 sequence
+waits for its next bytes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ class TextStream:
     stop: tuple[str, ...]
     eos: Collection[int]
     on_text: Callable[[str], None]
+    keep_special: bool = False  # special tokens stay in the text (tool-call markup such as [TOOL_CALLS])
     ids: list[int] = field(default_factory=list)
     released: int = 0
     stopped: bool = False
@@ -29,7 +31,7 @@ class TextStream:
             self.stopped = True
             return
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)  # type: ignore[attr-defined]
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=not self.keep_special)  # type: ignore[attr-defined]
         if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its next bytes
             return
         for s in self.stop:

@@ -1,0 +1,117 @@
+"""Constrained decoding: a row whose every token must keep its text inside a grammar (llguidance).
+
+A `Grammar` is compiled once per request from a JSON schema or a Lark grammar (llguidance's own compilers:
+structured outputs, a forced tool call), checked against the model's tokenizer; each row then gets its own
+`Constraint`, an llguidance matcher that the decoder asks for the tokens allowed next (the rest of the
+row's logits are set to -inf before sampling) and tells each token chosen. When the grammar is complete,
+the row's end tokens are allowed, and when nothing but an end may follow, the row ends there ("stop").
+
+llguidance was picked by measurement over xgrammar (bench/grammar_libs.py): both gave 100 of 100 valid
+answers on the demo model; a mask costs ~10 us a token against ~1 us (both far below a forward), and
+llguidance needs nothing else installed where xgrammar brings triton and a TVM runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import llguidance
+import llguidance.hf
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+# Compact JSON: no free-running whitespace, so a bounded schema is a bounded answer.
+COMPACT: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ",",
+    "key_separator": ":",
+}
+
+_tokenizers: weakref.WeakKeyDictionary[Any, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+class GrammarError(ValueError):
+    """A schema or grammar llguidance cannot compile (the message says why)."""
+
+
+def ll_tokenizer(tokenizer: Any) -> llguidance.LLTokenizer:
+    """llguidance's view of a transformers tokenizer, built once per tokenizer object."""
+    with _lock:
+        found = _tokenizers.get(tokenizer)
+        if found is None:
+            found = _tokenizers[tokenizer] = llguidance.hf.from_tokenizer(tokenizer)
+        return found
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A compiled grammar for one tokenizer; `constraint()` starts a row on it."""
+
+    tokenizer: llguidance.LLTokenizer
+    source: str
+
+    @classmethod
+    def json_schema(cls, tokenizer: Any, schema: dict[str, Any] | None) -> Grammar:
+        """Any JSON object (schema None: OpenAI's json_object), else values of `schema`, compact."""
+        schema = {"type": "object"} if schema is None else schema
+        return cls.checked(tokenizer, llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=COMPACT))
+
+    @classmethod
+    def lark(cls, tokenizer: Any, lark: str) -> Grammar:
+        return cls.checked(tokenizer, llguidance.LLMatcher.grammar_from_lark(lark))
+
+    @classmethod
+    def checked(cls, tokenizer: Any, source: str) -> Grammar:
+        ll = ll_tokenizer(tokenizer)
+        error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(source, ll)
+        if error:
+            raise GrammarError(messages[0] if messages else "the grammar does not compile")
+        return cls(ll, source)
+
+    def constraint(self) -> Constraint:
+        return Constraint(llguidance.LLMatcher(self.tokenizer, self.source, log_level=0))
+
+
+class Constraint:
+    """One row's matcher: `restrict` its next logits in place, then `accept` the token chosen."""
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self.matcher = matcher
+
+    def restrict(self, logits: torch.Tensor, stops: Any) -> None:
+        """Set the logits [vocab] of every token the grammar forbids next to -inf (the end tokens are
+        allowed once the grammar is complete). A matcher in error allows only the end tokens."""
+        vocab = logits.shape[-1]
+        allowed = torch.zeros(vocab, dtype=torch.bool)
+        if not self.matcher.is_error():
+            bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), np.uint8), bitorder="little")
+            n = min(vocab, bits.size)
+            allowed[:n] = torch.from_numpy(bits[:n].astype(bool))
+        if self.matcher.is_error() or self.matcher.is_accepting():
+            allowed[[s for s in stops if s < vocab]] = True
+        logits.masked_fill_(~allowed.to(logits.device), float("-inf"))
+
+    def accept(self, token: int) -> None:
+        self.matcher.consume_token(token)
+
+    @property
+    def complete(self) -> bool:
+        """Nothing but an end may follow (the grammar is satisfied and cannot go on)."""
+        return self.matcher.is_stopped()
+
+
+def schema_of(response_format: dict[str, Any]) -> dict[str, Any] | None:
+    """OpenAI's response_format -> the JSON schema to enforce (None: any JSON object)."""
+    if response_format.get("type") == "json_object":
+        return None
+    spec = response_format.get("json_schema") or {}
+    schema = spec.get("schema")
+    return json.loads(json.dumps(schema)) if isinstance(schema, dict) else {"type": "object"}
