@@ -3,7 +3,10 @@ engine before batching (`--sequential`: one request at a time, start to end), in
 
     .venv/bin/python bench/inference.py [--clients 1,4,16] [--adapters 3] [--max-tokens 32]
                                         [--requests-per-client 2] [--min-requests 16] [--lone-requests 16]
-                                        [--engine-threads N]
+                                        [--engine-threads N] [--modes sequential,batched,json]
+
+`--modes ...,json` adds the batched engine with every answer held to a JSON schema (structured outputs'
+grammar, llguidance): its tokens/s beside the free batched engine's, and the grammar's cost per token.
 
 Builds the demo model and `--adapters` LoRA adapters (rank 8 on every linear, random weights) in a temp
 dir, starts one `python -m inference.server` per mode on them (both up, the one not measured idle),
@@ -44,6 +47,22 @@ from training.demo import build_demo_model  # noqa: E402
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 BASE = "ftune-demo"
 MODES = {"sequential": ["--sequential"], "batched": []}
+# "json": the batched engine with every request's answer held to a JSON schema by its grammar (llguidance):
+# a string that cannot end within max_tokens, so both modes generate the same tokens' worth and the
+# difference is the grammar's cost per token
+JSON = {
+    "response_format": {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "bench",
+            "schema": {
+                "type": "object",
+                "properties": {"text": {"type": "string", "minLength": 4096}},
+                "required": ["text"],
+            },
+        },
+    }
+}
 
 
 def prompts() -> list[str]:
@@ -84,13 +103,16 @@ def start_engine(
     raise SystemExit("the engine did not start")
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int) -> dict:
+async def one_request(
+    client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int, extra: dict | None = None
+) -> dict:
     body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "ignore_eos": True,
+        **(extra or {}),
     }
     started = time.monotonic()
     try:
@@ -106,8 +128,10 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
     }
 
 
-async def level(url: str, models: list[str], clients: int, total: int, max_tokens: int) -> dict:
-    """`clients` closed-loop clients answering `total` requests together."""
+async def level(
+    url: str, models: list[str], clients: int, total: int, max_tokens: int, extra: dict | None = None
+) -> dict:
+    """`clients` closed-loop clients answering `total` requests together (`extra`: more body fields)."""
     texts = prompts()
     numbers = itertools.count()
     results: list[dict] = []
@@ -115,7 +139,9 @@ async def level(url: str, models: list[str], clients: int, total: int, max_token
     async def client_loop(client: httpx.AsyncClient) -> None:
         while (i := next(numbers)) < total:
             results.append(
-                await one_request(client, url, models[i % len(models)], texts[i % len(texts)], max_tokens)
+                await one_request(
+                    client, url, models[i % len(models)], texts[i % len(texts)], max_tokens, extra
+                )
             )
 
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=clients)) as client:
@@ -185,18 +211,23 @@ def main() -> int:
     load_before = os.getloadavg()[0]
     models = [BASE, *names]
     engines = {
-        mode: ready_engine(mode, model_dir, tmp, names, dirs, args.engine_threads) for mode in args.modes
+        mode: ready_engine(mode, model_dir, tmp, names, dirs, args.engine_threads)
+        for mode in args.modes
+        if mode in MODES
     }
     urls = {mode: url for mode, (_, url) in engines.items()}
+    if "json" in args.modes:
+        urls["json"] = urls["batched"]
     rows = []
     try:
-        alone = lone(urls, models, args.lone_requests, args.max_tokens)
+        engine_urls = {mode: url for mode, url in urls.items() if mode in MODES}
+        alone = lone(engine_urls, models, args.lone_requests, args.max_tokens)
         for clients in args.clients:  # the modes one after the other at each level
             total = max(clients * args.requests_per_client, args.min_requests)
             for mode, url in urls.items():
-                rows.append(
-                    {"mode": mode, **asyncio.run(level(url, models, clients, total, args.max_tokens))}
-                )
+                extra = JSON if mode == "json" else None
+                measured = asyncio.run(level(url, models, clients, total, args.max_tokens, extra))
+                rows.append({"mode": mode, **measured})
                 print(
                     f"  {mode:10} {clients:>3} clients: {rows[-1]['tokens_per_s']:.1f} tokens/s", flush=True
                 )
@@ -235,6 +266,14 @@ def main() -> int:
             f"a lone request ({args.lone_requests} per engine, alternating), p50: batched {b:.3f} s vs "
             f"sequential {s:.3f} s (goal: no slower)"
         )
+    for clients in args.clients:
+        if ("json", clients) in by and ("batched", clients) in by:
+            free, held = by["batched", clients], by["json", clients]
+            extra_ms = 1e3 * (held["wall"] / held["tokens"] - free["wall"] / free["tokens"])
+            print(
+                f"json_schema grammar, {clients} clients: {held['tokens_per_s']:.1f} tokens/s vs "
+                f"{free['tokens_per_s']:.1f} free ({extra_ms:+.3f} ms a token of the batch's wall clock)"
+            )
     failed = [e for r in rows for e in r["failed"]]
     if failed:
         print(f"failed requests: {failed[:5]}")
