@@ -14,15 +14,6 @@ from core import errors
 
 log = logging.getLogger(__name__)
 
-HTTP_CODES = {
-    400: "bad_request",
-    401: "unauthorized",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "payload_too_large",
-    415: "unsupported_media_type",
-}
-
 
 def error_body(code: str, message: str, param: str | None = None, details: Any = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "param": param, "details": details}}
@@ -63,7 +54,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+        code = errors.HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
         return JSONResponse(error_body(code, str(exc.detail)), exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)

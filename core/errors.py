@@ -1,5 +1,7 @@
-"""Domain errors. Each carries a stable machine-readable code, and an HTTP status per surface (STATUS,
-status_for): the native API, /v1 and the inference engine all answer from this one table."""
+"""The error catalogue. A domain error carries a stable machine-readable code and has an HTTP status per
+surface (STATUS, status_for); a status has one OpenAI error type (openai_type) and one code for an HTTP
+error raised without one (HTTP_CODES). The native API (api/errors.py), /v1 (api/openai/errors.py) and the
+inference engine (inference/errors.py) all answer from these tables."""
 
 from __future__ import annotations
 
@@ -90,6 +92,24 @@ class Status(NamedTuple):
 
 
 Surface = Literal["native", "openai", "engine"]
+OpenAIType = Literal[
+    "invalid_request_error", "authentication_error", "permission_error", "rate_limit_error", "server_error"
+]
+# OpenAI's error types by status, as its API answers them (a 404 model_not_found is invalid_request_error)
+OPENAI_TYPES: dict[int, OpenAIType] = {
+    401: "authentication_error",
+    403: "permission_error",
+    429: "rate_limit_error",
+}
+# The code of an HTTP error raised without a domain error (routing, a body too large for the server)
+HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
 
 STATUS: dict[type[FtuneError], Status] = {
     FtuneError: Status(400, 400, 400),
@@ -115,6 +135,11 @@ def status_for(exc: FtuneError, surface: Surface = "native") -> int:
         return 409
     row = next(STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS)
     return int(getattr(row, surface))
+
+
+def openai_type(status: int) -> OpenAIType:
+    """OpenAI's error type for a status (server_error from 500 on, else invalid_request_error)."""
+    return OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
 
 # An absolute POSIX path of two components or more, not part of a URL or a relative path.

@@ -1,15 +1,9 @@
-"""The engine's one error type, rendered as OpenAI's error object by the server."""
+"""The engine's one error type, rendered as OpenAI's error object by the server (its type from the status,
+core.errors.openai_type, as /v1 renders it)."""
 
 from __future__ import annotations
 
-TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    429: "rate_limit_error",
-    500: "server_error",
-    504: "timeout_error",
-}
+from core.errors import openai_type
 
 
 class EngineError(Exception):
@@ -35,7 +29,7 @@ class EngineError(Exception):
         return {
             "error": {
                 "message": self.message,
-                "type": TYPES.get(self.status, "invalid_request_error"),
+                "type": openai_type(self.status),
                 "param": self.param,
                 "code": self.code,
             }

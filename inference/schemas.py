@@ -131,6 +131,14 @@ def _checked(m: dict[str, Any], i: int) -> dict[str, Any]:
     if role not in ROLES:
         raise LineProblem("invalid_role", f"must be one of developer, {', '.join(ROLES)}", f"{at}.role")
     required = role not in ("assistant", "tool", "function")
+    parts = m.get("content") if isinstance(m.get("content"), list) else []
+    for j, part in enumerate(parts):
+        if isinstance(part, dict) and part.get("type") not in ("text", None):  # never dropped unread
+            raise LineProblem(
+                "unsupported_content",
+                f"is a {part.get('type')!r} part: this engine serves text-only models; send text parts",
+                f"{at}.content[{j}]",
+            )
     content = content_text(m.get("content"), f"{at}.content", strict=False, required=required)
     out = {**m, "role": role, "content": content}
     if role == "assistant":

@@ -33,6 +33,7 @@ import torch
 
 from core.data.examples import read_prompts
 from training.data import IGNORE, DatasetError, Tokenized, token_stats
+from training.decoding.constraint import Grammar
 from training.decoding.engine import Row, decode
 from training.decoding.sampling import Sampling
 from training.packing import masked_attention
@@ -123,9 +124,11 @@ def sample(
     autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
     chunk: int = 8,
     cache: Literal["dynamic", "static"] = "dynamic",
+    grammar: Grammar | None = None,
 ) -> list[list[Completion]]:
     """`n` sampled completions of each prompt (temperature 0: greedy), `chunk` prompts per decoded batch;
-    seeded by `seed` (e.g. (spec seed, step)). In eval mode (no dropout), the caller's mode kept."""
+    seeded by `seed` (e.g. (spec seed, step)). In eval mode (no dropout), the caller's mode kept. With a
+    `grammar` (a reinforcement job's response_format) every completion keeps to it."""
     stops = stop_ids(tokenizer, model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stops, default=0)
     rng_devices = [device] if device.type == "cuda" else []
@@ -135,7 +138,7 @@ def sample(
             part = prompts[start : start + chunk]
             with torch.random.fork_rng(devices=rng_devices), autocast():
                 torch.manual_seed(_seed(seed, k))
-                rows = _generate(model, part, n, temperature, max_new_tokens, stops, pad, cache)
+                rows = _generate(model, part, n, temperature, max_new_tokens, stops, pad, cache, grammar)
             for i in range(len(part)):
                 out.append([_completion(row, tokenizer) for row in rows[i * n : (i + 1) * n]])
     return out
@@ -168,11 +171,16 @@ def _generate(
     stops: set[int],
     pad: int,
     cache: Literal["dynamic", "static"],
+    grammar: Grammar | None = None,
 ) -> list[Row]:
     """n samples of each prompt decoded together (the prompts repeated n times, left-padded into one
     batch, as generate(num_return_sequences=n) expands them), prompt-major."""
     spec = Sampling(max_tokens=max_new_tokens, temperature=temperature)
-    rows = [Row(sampling=spec, stops=stops) for _ in prompts for _ in range(n)]
+    rows = [
+        Row(sampling=spec, stops=stops, constraint=grammar.constraint() if grammar else None)
+        for _ in prompts
+        for _ in range(n)
+    ]
     decode(model, [p for p in prompts for _ in range(n)], rows, pad=pad, static_cache=cache == "static")
     return rows
 

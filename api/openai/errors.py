@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -24,36 +24,21 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.errors import HTTP_CODES
 from api.jsonbody import ThreadDecodedRoute
 from core import errors
 
 log = logging.getLogger(__name__)
 
-ErrorType = Literal[
-    "invalid_request_error", "authentication_error", "permission_error", "rate_limit_error", "server_error"
-]
-
 
 class OpenAIErrorDetail(BaseModel):
     message: str
-    type: ErrorType
+    type: errors.OpenAIType
     param: str | None
     code: str | None
 
 
 class OpenAIErrorResponse(BaseModel):
     error: OpenAIErrorDetail
-
-
-def error_type(status: int) -> ErrorType:
-    if status == 401:
-        return "authentication_error"
-    if status == 403:
-        return "permission_error"
-    if status == 429:
-        return "rate_limit_error"
-    return "server_error" if status >= 500 else "invalid_request_error"
 
 
 def error_response(
@@ -64,7 +49,7 @@ def error_response(
     headers: Mapping[str, str] | None = None,
     details: Any = None,
 ) -> JSONResponse:
-    detail = OpenAIErrorDetail(message=message, type=error_type(status), param=param, code=code)
+    detail = OpenAIErrorDetail(message=message, type=errors.openai_type(status), param=param, code=code)
     body: dict[str, Any] = detail.model_dump()
     if details is not None:  # beyond OpenAI's four: an infeasible job's plan, as e.body["details"]
         body["details"] = details
@@ -97,7 +82,7 @@ def _validation(exc: RequestValidationError) -> JSONResponse:
 
 
 def _http(exc: StarletteHTTPException) -> JSONResponse:
-    code = HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+    code = errors.HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
     return error_response(exc.status_code, str(exc.detail), code, headers=exc.headers)
 
 

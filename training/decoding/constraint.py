@@ -4,7 +4,8 @@ A `Grammar` is compiled once per request from a JSON schema or a Lark grammar (l
 structured outputs, a forced tool call), checked against the model's tokenizer; each row then gets its own
 `Constraint`, an llguidance matcher that the decoder asks for the tokens allowed next (the rest of the
 row's logits are set to -inf before sampling) and tells each token chosen. When the grammar is complete,
-the row's end tokens are allowed, and when nothing but an end may follow, the row ends there ("stop").
+the row's end tokens are allowed; when nothing else may follow, the row ends with one ("stop"), as any
+row ends, so a rollout trains on the end token after its JSON too.
 
 llguidance was picked by measurement over xgrammar (bench/grammar_libs.py, the demo tokenizer, 2 cores):
 both gave 100 of 100 valid answers; a token's mask applied to the logits costs 35 us with either (a
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import threading
 import weakref
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -78,18 +80,21 @@ class Grammar:
         return cls(ll, source)
 
     def constraint(self) -> Constraint:
-        return Constraint(llguidance.LLMatcher(self.tokenizer, self.source, log_level=0))
+        matcher = llguidance.LLMatcher(self.tokenizer, self.source, log_level=0)
+        return Constraint(matcher, self.tokenizer.eos_tokens)
 
 
 class Constraint:
     """One row's matcher: `restrict` its next logits in place, then `accept` the token chosen."""
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, eos: Sequence[int]) -> None:
         self.matcher = matcher
+        self.eos = list(eos)  # the tokenizer's, for a row whose own end tokens are off (ignore_eos)
 
-    def restrict(self, logits: torch.Tensor, stops: Any) -> None:
-        """Set the logits [vocab] of every token the grammar forbids next to -inf (the end tokens are
-        allowed once the grammar is complete). A matcher in error allows only the end tokens."""
+    def restrict(self, logits: torch.Tensor, stops: Collection[int]) -> None:
+        """Set the logits [vocab] of every token the grammar forbids next to -inf. The row's end tokens
+        are allowed once the grammar is complete (then they are all it allows: the row ends with one, as
+        every row does), and in a matcher's error state; never is nothing allowed."""
         vocab = logits.shape[-1]
         allowed = torch.zeros(vocab, dtype=torch.bool)
         if not self.matcher.is_error():
@@ -98,15 +103,12 @@ class Constraint:
             allowed[:n] = torch.from_numpy(bits[:n].astype(bool))
         if self.matcher.is_error() or self.matcher.is_accepting():
             allowed[[s for s in stops if s < vocab]] = True
+        if not allowed.any():
+            allowed[[e for e in self.eos if e < vocab]] = True
         logits.masked_fill_(~allowed.to(logits.device), float("-inf"))
 
     def accept(self, token: int) -> None:
         self.matcher.consume_token(token)
-
-    @property
-    def complete(self) -> bool:
-        """Nothing but an end may follow (the grammar is satisfied and cannot go on)."""
-        return self.matcher.is_stopped()
 
 
 def schema_of(response_format: dict[str, Any]) -> dict[str, Any] | None:

@@ -176,11 +176,9 @@ class Decoder:
         row.tokens.append(token)
         if row.text is not None:
             row.text.add(token)
-        complete = False
         if row.constraint is not None and token not in row.stops:
             row.constraint.accept(token)
-            complete = row.constraint.complete
-        if token in row.stops or complete or (row.text is not None and row.text.stopped):
+        if token in row.stops or (row.text is not None and row.text.stopped):
             self._finish(row, "stop")
         elif len(row.tokens) >= _max_tokens(row) or (row.ended is not None and row.ended()):
             self._finish(row, "length")
