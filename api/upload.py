@@ -123,89 +123,99 @@ async def receive(request: Request, sink: FileSink, idle_timeout: float = 60) ->
     )
 
 
+class _FormParts:
+    """The multipart parser's callbacks: the file part's bytes go to `pending` (written off the event loop
+    by the caller), the other fields to `upload.fields`, and every byte that is not the file is counted
+    against MAX_FORM_FIELD_BYTES."""
+
+    def __init__(self, boundary: bytes, upload: Upload) -> None:
+        self.upload = upload
+        self.part: dict[str, Any] = {}
+        self.pending: list[bytes] = []  # file bytes parsed from the current chunk
+        self.saw_file = False
+        self.overhead = 0  # bytes of part headers and non-file fields so far
+        self.parser = MultipartParser(
+            boundary,
+            {
+                "on_part_begin": self.part_begin,
+                "on_header_field": self.header_field,
+                "on_header_value": self.header_value,
+                "on_header_end": self.header_end,
+                "on_headers_finished": self.headers_finished,
+                "on_part_data": self.part_data,
+                "on_part_end": self.part_end,
+            },
+        )
+
+    def take_pending(self) -> bytes:
+        data = b"".join(self.pending)
+        self.pending.clear()
+        return data
+
+    def count(self, n: int) -> None:
+        self.overhead += n
+        if self.overhead > MAX_FORM_FIELD_BYTES:
+            raise PayloadTooLarge(
+                f"the form fields and part headers exceed {MAX_FORM_FIELD_BYTES} bytes",
+                param=self.part.get("name") or None,
+                details={"max_form_bytes": MAX_FORM_FIELD_BYTES},
+            )
+
+    def part_begin(self) -> None:
+        self.part.clear()
+        self.part.update(headers={}, field=b"", value=b"", data=[])
+
+    def header_field(self, data: bytes, start: int, end: int) -> None:
+        self.count(end - start)
+        self.part["field"] += data[start:end]
+
+    def header_value(self, data: bytes, start: int, end: int) -> None:
+        self.count(end - start)
+        self.part["value"] += data[start:end]
+
+    def header_end(self) -> None:
+        self.part["headers"][self.part["field"].lower()] = self.part["value"]
+        self.part["field"], self.part["value"] = b"", b""
+
+    def headers_finished(self) -> None:
+        _, opts = parse_options_header(self.part["headers"].get(b"content-disposition", b""))
+        self.part["name"] = opts.get(b"name", b"").decode(errors="replace")
+        self.part["is_file"] = self.part["name"] == FILE_FIELD
+        if self.part["is_file"]:
+            self.saw_file = True
+            if opts.get(b"filename"):
+                self.upload.filename = clean_filename(opts[b"filename"].decode(errors="replace"))
+
+    def part_data(self, data: bytes, start: int, end: int) -> None:
+        if self.part.get("is_file"):
+            self.pending.append(data[start:end])
+            return
+        self.count(end - start)
+        self.part["data"].append(data[start:end])
+
+    def part_end(self) -> None:
+        if not self.part.get("is_file") and self.part.get("name"):
+            self.upload.fields[self.part["name"]] = b"".join(self.part["data"]).decode(errors="replace")
+
+
 async def _receive_multipart(
     request: Request, sink: FileSink, boundary: bytes | None, idle_timeout: float
 ) -> Upload:
     if not boundary:
         raise InvalidInput("multipart upload without a boundary", code="invalid_multipart")
     upload = Upload()
-    part: dict[str, Any] = {}
-    pending: list[bytes] = []  # file bytes parsed from the current chunk, written off the event loop
-    saw_file = False
-    overhead = 0  # bytes of part headers and non-file fields so far
-
-    def count(n: int) -> None:
-        nonlocal overhead
-        overhead += n
-        if overhead > MAX_FORM_FIELD_BYTES:
-            raise PayloadTooLarge(
-                f"the form fields and part headers exceed {MAX_FORM_FIELD_BYTES} bytes",
-                param=part.get("name") or None,
-                details={"max_form_bytes": MAX_FORM_FIELD_BYTES},
-            )
-
-    def on_part_begin() -> None:
-        part.clear()
-        part.update(headers={}, field=b"", value=b"", data=[])
-
-    def on_header_field(data: bytes, start: int, end: int) -> None:
-        count(end - start)
-        part["field"] += data[start:end]
-
-    def on_header_value(data: bytes, start: int, end: int) -> None:
-        count(end - start)
-        part["value"] += data[start:end]
-
-    def on_header_end() -> None:
-        part["headers"][part["field"].lower()] = part["value"]
-        part["field"], part["value"] = b"", b""
-
-    def on_headers_finished() -> None:
-        nonlocal saw_file
-        _, opts = parse_options_header(part["headers"].get(b"content-disposition", b""))
-        part["name"] = opts.get(b"name", b"").decode(errors="replace")
-        part["is_file"] = part["name"] == FILE_FIELD
-        if part["is_file"]:
-            saw_file = True
-            if opts.get(b"filename"):
-                upload.filename = clean_filename(opts[b"filename"].decode(errors="replace"))
-
-    def on_part_data(data: bytes, start: int, end: int) -> None:
-        if part.get("is_file"):
-            pending.append(data[start:end])
-            return
-        count(end - start)
-        part["data"].append(data[start:end])
-
-    def on_part_end() -> None:
-        if not part.get("is_file") and part.get("name"):
-            upload.fields[part["name"]] = b"".join(part["data"]).decode(errors="replace")
-
-    parser = MultipartParser(
-        boundary,
-        {
-            "on_part_begin": on_part_begin,
-            "on_header_field": on_header_field,
-            "on_header_value": on_header_value,
-            "on_header_end": on_header_end,
-            "on_headers_finished": on_headers_finished,
-            "on_part_data": on_part_data,
-            "on_part_end": on_part_end,
-        },
-    )
+    form = _FormParts(boundary, upload)
     try:
         async for chunk in _chunks(request, idle_timeout):
-            parser.write(chunk)
-            if pending:
-                data = b"".join(pending)
-                pending.clear()
-                await run_in_threadpool(sink.write, data)
-        parser.finalize()
+            form.parser.write(chunk)
+            if form.pending:
+                await run_in_threadpool(sink.write, form.take_pending())
+        form.parser.finalize()
     except MultipartParseError as e:  # a broken body is the client's error, not a 500
         raise InvalidInput(f"malformed multipart body: {e}", code="invalid_multipart") from e
-    if pending:
-        await run_in_threadpool(sink.write, b"".join(pending))
-    if not saw_file:
+    if form.pending:
+        await run_in_threadpool(sink.write, form.take_pending())
+    if not form.saw_file:
         raise InvalidInput(
             "multipart upload has no 'file' field (use curl -F file=@data.jsonl)",
             param=FILE_FIELD,

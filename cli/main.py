@@ -274,6 +274,32 @@ def cmd_up(_: argparse.Namespace) -> int:
     return up(get_settings())
 
 
+def _add_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`ftune models build-demo | list | pull`."""
+    models = sub.add_parser("models", help="base models").add_subparsers(dest="models_command", required=True)
+    demo = models.add_parser("build-demo", help="build the small local demo model")
+    demo.add_argument("--force", action="store_true")
+    demo.add_argument(
+        "--family",
+        choices=["llama", "qwen3_moe", "mixtral"],
+        default="llama",
+        help="llama: ftune-demo; qwen3_moe / mixtral: a tiny random-weight mixture-of-experts base, "
+        "ftune-demo-qwen3-moe / ftune-demo-mixtral",
+    )
+    demo.set_defaults(fn=cmd_models_build_demo)
+    models.add_parser("list", help="list local base models").set_defaults(fn=cmd_models_list)
+    pull = models.add_parser(
+        "pull",
+        help="download a base model from the Hugging Face Hub (HF_ENDPOINT, HF_TOKEN) into the models dir",
+        description="Checks the architecture from config.json first, refuses custom code, fetches "
+        "safetensors weights only; an interrupted pull continues where it stopped when run again.",
+    )
+    pull.add_argument("repo_id", help="a Hub model id, org/name")
+    pull.add_argument("--revision", help="a branch, tag or commit (default main); the commit is recorded")
+    pull.add_argument("--force", action="store_true", help="replace a different model already at that name")
+    pull.set_defaults(fn=cmd_models_pull)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ftune", description="Self-hosted LoRA/QLoRA fine-tuning service.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -333,28 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_import_arguments(imports)
     imports.set_defaults(fn=cmd_import_openai)
-    models = sub.add_parser("models", help="base models").add_subparsers(dest="models_command", required=True)
-    demo = models.add_parser("build-demo", help="build the small local demo model")
-    demo.add_argument("--force", action="store_true")
-    demo.add_argument(
-        "--family",
-        choices=["llama", "qwen3_moe", "mixtral"],
-        default="llama",
-        help="llama: ftune-demo; qwen3_moe / mixtral: a tiny random-weight mixture-of-experts base, "
-        "ftune-demo-qwen3-moe / ftune-demo-mixtral",
-    )
-    demo.set_defaults(fn=cmd_models_build_demo)
-    models.add_parser("list", help="list local base models").set_defaults(fn=cmd_models_list)
-    pull = models.add_parser(
-        "pull",
-        help="download a base model from the Hugging Face Hub (HF_ENDPOINT, HF_TOKEN) into the models dir",
-        description="Checks the architecture from config.json first, refuses custom code, fetches "
-        "safetensors weights only; an interrupted pull continues where it stopped when run again.",
-    )
-    pull.add_argument("repo_id", help="a Hub model id, org/name")
-    pull.add_argument("--revision", help="a branch, tag or commit (default main); the commit is recorded")
-    pull.add_argument("--force", action="store_true", help="replace a different model already at that name")
-    pull.set_defaults(fn=cmd_models_pull)
+    _add_models(sub)
     return p
 
 

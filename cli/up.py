@@ -132,7 +132,8 @@ def local_admin_key(settings: Settings) -> str:
     return key
 
 
-def up(settings: Settings) -> int:
+def _prepare(settings: Settings) -> str:
+    """The data directory, the schema, the local key and the demo model; the console's note on the key."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     settings.data_dir.chmod(0o700)  # also a data directory an older ftune made world-readable
     upgrade(settings.resolved_database_url)
@@ -149,7 +150,61 @@ def up(settings: Settings) -> int:
     from training.demo import build_demo_model
 
     print(f"demo model: {build_demo_model(settings.models_dir)}", flush=True)
+    return key_note
 
+
+def _children(
+    settings: Settings, env: dict[str, str], engine_plan: tuple[int, str] | None
+) -> tuple[Child, Child, Child, Child | None]:
+    """Starts the API, the training worker, the CPU worker and (with a plan) the engine, whose address it
+    puts in env as FTUNE_INFERENCE_URL."""
+    # One name across restarts: a new worker releases at once the jobs its killed predecessor held
+    # (worker.tasks), instead of waiting for their leases to expire.
+    worker_env = {**env, "FTUNE_WORKER_NAME": env.get("FTUNE_WORKER_NAME") or f"{socket.gethostname()}-up"}
+    engine = None
+    if engine_plan is not None:
+        bound, worker_env["FTUNE_WORKER_DEVICES"] = engine_plan
+        port, root = _free_port(), settings.data_dir / "jobs"
+        engine = Child("inference engine", lambda: _spawn_engine(port, bound, root, env))
+        env["FTUNE_INFERENCE_URL"] = worker_env["FTUNE_INFERENCE_URL"] = f"http://127.0.0.1:{port}"
+        print(
+            f"inference engine: {env['FTUNE_INFERENCE_URL']} (bound {bound / 2**30:.2f} GiB; training worker "
+            f"declares {worker_env['FTUNE_WORKER_DEVICES']})",
+            flush=True,
+        )
+    api = Child("api", lambda: _spawn(["api"], env), essential=True)
+    worker = Child("worker", lambda: _spawn(["worker"], worker_env))
+    cpu_worker = Child("cpu worker", lambda: _spawn(["worker", "--queue", "cpu"], env))
+    return api, worker, cpu_worker, engine
+
+
+class _StopRequest:
+    """Set by SIGINT or SIGTERM; installed before any child starts, so a signal then still stops them all."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGINT, self._request)
+        signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum: int, _frame: object) -> None:
+        self.requested = True
+
+
+def _supervise(children: tuple[Child, ...], stop: _StopRequest) -> int:
+    """Restart children that die until a stop is requested, or an essential one keeps crashing (1)."""
+    code = 0
+    while not stop.requested:
+        for child in children:  # a child that dies is restarted, with backoff and a crash-loop limit
+            child.check()
+            if child.given_up and child.essential:
+                print(f"{child.name} keeps crashing; stopping", file=sys.stderr, flush=True)
+                stop.requested, code = True, 1
+        time.sleep(0.2)
+    return code
+
+
+def up(settings: Settings) -> int:
+    key_note = _prepare(settings)
     env = dict(os.environ)
     env["FTUNE_DATA_DIR"] = str(settings.data_dir)
     env["FTUNE_MODELS_DIR"] = str(settings.models_dir)
@@ -172,48 +227,16 @@ def up(settings: Settings) -> int:
         (settings.data_dir / BROKER_URL_FILE).write_text(broker.url + "\n")
         print(f"embedded broker: {broker.shown_url}", flush=True)
 
-    stopping = False
-
-    def request_stop(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
-
-    # One name across restarts: a new worker releases at once the jobs its killed predecessor held
-    # (worker.tasks), instead of waiting for their leases to expire.
-    worker_env = {**env, "FTUNE_WORKER_NAME": env.get("FTUNE_WORKER_NAME") or f"{socket.gethostname()}-up"}
-    engine = None
-    if engine_plan is not None:
-        bound, worker_env["FTUNE_WORKER_DEVICES"] = engine_plan
-        port, root = _free_port(), settings.data_dir / "jobs"
-        engine = Child("inference engine", lambda: _spawn_engine(port, bound, root, env))
-        env["FTUNE_INFERENCE_URL"] = worker_env["FTUNE_INFERENCE_URL"] = f"http://127.0.0.1:{port}"
-        print(
-            f"inference engine: {env['FTUNE_INFERENCE_URL']} (bound {bound / 2**30:.2f} GiB; training worker "
-            f"declares {worker_env['FTUNE_WORKER_DEVICES']})",
-            flush=True,
-        )
-    api = Child("api", lambda: _spawn(["api"], env), essential=True)
-    worker = Child("worker", lambda: _spawn(["worker"], worker_env))
-    cpu_worker = Child("cpu worker", lambda: _spawn(["worker", "--queue", "cpu"], env))
-    children = (api, worker, cpu_worker) + ((engine,) if engine is not None else ())
+    stop = _StopRequest()
+    api, worker, cpu_worker, engine = _children(settings, env, engine_plan)
     base = f"http://{settings.api_host}:{settings.api_port}"
     print(
         f"\nftune is up.\n  API:       {base}  (docs: {base}/docs)\n  Dashboard: {base}/dashboard\n"
         f"{key_note}Press Ctrl-C to stop.\n",
         flush=True,
     )
-    code = 0
     try:
-        while not stopping:
-            for child in children:  # a child that dies is restarted, with backoff and a crash-loop limit
-                child.check()
-                if child.given_up and child.essential:
-                    print(f"{child.name} keeps crashing; stopping", file=sys.stderr, flush=True)
-                    stopping, code = True, 1
-            time.sleep(0.2)
+        return _supervise((api, worker, cpu_worker) + ((engine,) if engine is not None else ()), stop)
     finally:
         print("stopping: workers (running jobs checkpoint and requeue), API, broker", flush=True)
         stop_order: tuple[tuple[Child | None, int], ...] = (
@@ -228,4 +251,3 @@ def up(settings: Settings) -> int:
         if broker is not None:
             (settings.data_dir / BROKER_URL_FILE).unlink(missing_ok=True)
             broker.stop()
-    return code

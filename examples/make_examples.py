@@ -215,7 +215,7 @@ def preference(rng: random.Random) -> list[dict[str, Any]]:
 
 def reinforcement(rng: random.Random) -> list[dict[str, Any]]:
     """Reinforcement prompts (OpenAI's RFT rows): a question ending in a user turn, and the reference
-    answer the grader reads as item.answer (README "Reinforcement fine-tuning")."""
+    answer the grader reads as item.answer (docs/training.md "Reinforcement fine-tuning")."""
     rows: list[dict[str, Any]] = []
     for country, capital in CAPITALS:
         rows.append({"q": f"What is the capital of {country}? Answer with the city only.", "answer": capital})

@@ -11,7 +11,7 @@ Against a running ftune (`make up`), with the official openai SDK, as a user wou
     .venv/bin/python examples/rft_toy.py [--base-url http://127.0.0.1:8000/v1] [--api-key KEY] [--steps 200]
 
 Prints the valid_reward_mean curve and the wall time of each job. The same seed gives the same rewards
-(the samples are seeded by (seed, step); README "Reinforcement fine-tuning").
+(the samples are seeded by (seed, step); docs/training.md "Reinforcement fine-tuning").
 """
 
 from __future__ import annotations

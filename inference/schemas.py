@@ -131,16 +131,19 @@ def _checked(m: dict[str, Any], i: int) -> dict[str, Any]:
     if role not in ROLES:
         raise LineProblem("invalid_role", f"must be one of developer, {', '.join(ROLES)}", f"{at}.role")
     required = role not in ("assistant", "tool", "function")
-    parts = m.get("content") if isinstance(m.get("content"), list) else []
-    for j, part in enumerate(parts):
+    content = m.get("content")
+    for j, part in enumerate(content if isinstance(content, list) else []):
         if isinstance(part, dict) and part.get("type") not in ("text", None):  # never dropped unread
             raise LineProblem(
                 "unsupported_content",
                 f"is a {part.get('type')!r} part: this engine serves text-only models; send text parts",
                 f"{at}.content[{j}]",
             )
-    content = content_text(m.get("content"), f"{at}.content", strict=False, required=required)
-    out = {**m, "role": role, "content": content}
+    out = {
+        **m,
+        "role": role,
+        "content": content_text(content, f"{at}.content", strict=False, required=required),
+    }
     if role == "assistant":
         check_calls(m, at, None, strict=False, any_name=True)
     if role == "tool" and not isinstance(m.get("tool_call_id"), str):

@@ -18,13 +18,14 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.catalog import Catalog
+from core.job_files import Projection
 from core.settings import Settings
 from core.spec import JobSpec
 from core.storage import Storage, atomic_write_text, new_id
 from models import job_files as job_files_db
 from models import jobs as jobs_db
 from models import tenants as tenants_db
-from models.admission import ToolsCheck, admit, check_grader_policy, recheck_references
+from models.admission import Admitted, ToolsCheck, admit, check_grader_policy, recheck_references
 from models.db import session_scope
 from models.tables import Job
 from models.tenants import TenantGate
@@ -75,25 +76,17 @@ def submit_job(
         tenants_db.reserve_job_slot(s, tenant_id, job_id, limit=limit, ttl_seconds=ttl)
     try:
         with sessions() as s:
-            measure = measure_at_admission(
+            admitted, files = _admit(
                 s,
+                settings=settings,
                 catalog=catalog,
                 storage=storage,
-                job_id=job_id,
-                settings=settings,
-                tenant_id=tenant_id,
-                gate=measurements,
-            )
-            admitted = admit(
-                s,
-                catalog=catalog,
                 spec=spec,
                 tenant_id=tenant_id,
-                plan_gpu=settings.plan_gpu,
-                measure=measure,
-                tools_check=tools_check or tools_check_for(settings),
+                job_id=job_id,
+                measurements=measurements,
+                tools_check=tools_check,
             )
-            files = job_files_db.projection(s, catalog=catalog, spec=spec, tenant_id=tenant_id)
         plan = admitted.plan
         with session_scope(sessions) as s:  # before the tenant's lock: what its finished jobs hold
             job_files_db.measure_finished(s, storage, tenant_id)
@@ -125,6 +118,40 @@ def submit_job(
         request_token_stats(job_id)
     enqueue(job_id)
     return job
+
+
+def _admit(
+    s: Session,
+    *,
+    settings: Settings,
+    catalog: Catalog,
+    storage: Storage,
+    spec: JobSpec,
+    tenant_id: str,
+    job_id: str,
+    measurements: TenantGate | None,
+    tools_check: ToolsCheck | None,
+) -> tuple[Admitted, Projection]:
+    """Admission (measuring the data first where its worst case does not fit) and the job's files."""
+    measure = measure_at_admission(
+        s,
+        catalog=catalog,
+        storage=storage,
+        job_id=job_id,
+        settings=settings,
+        tenant_id=tenant_id,
+        gate=measurements,
+    )
+    admitted = admit(
+        s,
+        catalog=catalog,
+        spec=spec,
+        tenant_id=tenant_id,
+        plan_gpu=settings.plan_gpu,
+        measure=measure,
+        tools_check=tools_check or tools_check_for(settings),
+    )
+    return admitted, job_files_db.projection(s, catalog=catalog, spec=spec, tenant_id=tenant_id)
 
 
 def slot_ttl_seconds(settings: Settings) -> float:
