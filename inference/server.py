@@ -109,6 +109,33 @@ def create_app(
     if api_key:
         app.add_middleware(RequireKey, key=api_key)
 
+    _answer_errors(app)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    _model_routes(app, engine)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: Request, body: ChatRequest) -> Response:
+        body.refuse_unsupported()
+        target = engine.resolve(body.model)
+        messages, sampling, shape = body.chat_messages(), body.sampling(), body.shape()
+        if sequential:
+            ticket = scheduler.submit(one_by_one(engine, body, Chat(target, messages, sampling, shape=shape)))
+        else:
+            ticket = scheduler.submit(
+                Chat(target, messages, sampling, body.n, body.seed, generation_seconds, shape)
+            )
+        return await answered(request, body, ticket, scheduler)
+
+    return app
+
+
+def _answer_errors(app: FastAPI) -> None:
+    """Every error as OpenAI's error object: the engine's own, a domain error, a body that does not parse."""
+
     @app.exception_handler(EngineError)
     async def _engine_error(_: Request, e: EngineError) -> JSONResponse:
         headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else None
@@ -127,9 +154,9 @@ def create_app(
         message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
         return JSONResponse(EngineError(400, "invalid_value", message, param=param).body(), status_code=400)
 
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+
+def _model_routes(app: FastAPI, engine: Engine) -> None:
+    """GET /v1/models, and vLLM's adapter registration."""
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -167,21 +194,6 @@ def create_app(
     async def unload_lora_adapter(body: UnloadAdapter) -> PlainTextResponse:
         engine.unregister(body.lora_name)
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
-
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(request: Request, body: ChatRequest) -> Response:
-        body.refuse_unsupported()
-        target = engine.resolve(body.model)
-        messages, sampling, shape = body.chat_messages(), body.sampling(), body.shape()
-        if sequential:
-            ticket = scheduler.submit(one_by_one(engine, body, Chat(target, messages, sampling, shape=shape)))
-        else:
-            ticket = scheduler.submit(
-                Chat(target, messages, sampling, body.n, body.seed, generation_seconds, shape)
-            )
-        return await answered(request, body, ticket, scheduler)
-
-    return app
 
 
 def _one_by_one(
