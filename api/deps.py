@@ -12,6 +12,7 @@ from fastapi import Depends, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.chat_queue import FairChatQueue
 from api.pulls import HubPulls
 from api.queue import broker_publishers, redis_ping
 from api.ratelimit import RateLimiter
@@ -49,7 +50,7 @@ class Services:
     # Bounds on work at once (429 past them), per tenant across the fleet (with a broker), in all per process.
     measurements: TenantGate = field(init=False)
     uploads: TenantGate = field(init=False)
-    chats: TenantGate = field(init=False)  # the engine is shared: a tenant's chat completions at once
+    chats: FairChatQueue = field(init=False)  # the engine is shared: tenants' chat completions take turns
     grader_runs: TenantGate = field(init=False)  # /v1 graders/run: sandbox children, judge requests
     pulls: HubPulls = field(init=False)  # POST /models/pull: this process's Hub pulls and their progress
     # Event streams (api/sse.py): a tenant's open at once, counted in this process (each holds one of its
@@ -67,12 +68,12 @@ class Services:
             per_tenant=self.settings.max_concurrent_uploads_per_tenant,
             fleet=self.fleet,
         )
-        self.chats = TenantGate(
-            what="chat completions",
-            code="too_many_concurrent_requests",
-            per_tenant=self.settings.chat_max_concurrent_per_tenant,
+        self.chats = FairChatQueue(
+            running=self.settings.chat_max_running,
+            shared=self.settings.chat_max_running_shared,
+            queued_per_tenant=self.settings.chat_max_queued_per_tenant,
+            linger_seconds=self.settings.chat_share_linger_seconds,
             fleet=self.fleet,
-            retry_after=1,
         )
         self.grader_runs = TenantGate(
             what="grader runs",

@@ -122,14 +122,27 @@ class Settings(BaseSettings):
     inference_url: str = ""
     # Chat completions and the engine (docs/inference.md). The engine's key (vLLM's --api-key): when set,
     # ftune's engine wants `Authorization: Bearer <key>` on every route but /health, and the API and the
-    # workers send it; `ftune up` makes one for its own engine. Per tenant, at most this many chat requests
-    # at once (429 past it); n x max_tokens at most this many tokens; vLLM's ignore_eos
-    # only where the operator allows it. ftune's engine stops a generation after this many seconds.
+    # workers send it; `ftune up` makes one for its own engine. n x max_tokens at most this many tokens;
+    # vLLM's ignore_eos only where the operator allows it. ftune's engine stops a generation after this many
+    # seconds.
     inference_api_key: str = ""
-    chat_max_concurrent_per_tenant: int = Field(default=2, ge=1)
     chat_max_total_tokens: int = Field(default=4096, ge=1)
     chat_allow_ignore_eos: bool = False
     inference_generation_seconds: float = Field(default=120, gt=0)
+    # The fair queue in front of the engine (api/chat_queue.py, docs/inference.md): an API process forwards
+    # at most chat_max_running chat requests at once, all tenants (the engine's batch rows,
+    # FTUNE_INFERENCE_MAX_RUNNING, divided among the API processes); a tenant alone runs all but one (a
+    # newcomer starts at once). While k > 1 tenants are active each runs at most
+    # chat_max_running_shared // k (at least 1): fewer rows, faster steps, so a flooding tenant barely slows
+    # the others (raise it where a bigger batch costs little, as on a GPU). The rest wait their turn, round
+    # robin across tenants; a tenant with chat_max_queued_per_tenant waiting is refused (429
+    # too_many_concurrent_requests, Retry-After from the recent pace). A tenant stays active
+    # chat_share_linger_seconds after its last request ended, so its next one finds its share. With a broker
+    # a tenant's running and waiting requests are bounded fleet-wide by chat_max_running + the queue bound.
+    chat_max_running: int = Field(default=32, ge=1)
+    chat_max_running_shared: int = Field(default=4, ge=1)
+    chat_max_queued_per_tenant: int = Field(default=64, ge=0)
+    chat_share_linger_seconds: float = Field(default=2.0, ge=0)
     # The engine's running batch (inference.batcher): its KV bound (rows x their longest prompt + max_tokens)
     # and how many rows (choices) decode together at most.
     inference_max_batch_tokens: int = Field(default=2048, ge=1)

@@ -4,14 +4,18 @@ ftune checks what is cheap and what only it knows (the key, the caller's right t
 the request), registers a fine-tuned model's adapter with the inference engine (api/inference_client.py),
 then forwards the request and passes the engine's answer back as it comes: JSON, or server-sent events for
 `stream: true`. What goes to the engine is the request as ftune's schema read it (ChatCompletionRequest:
-the fields ftune supports, re-serialised), never the caller's bytes. The engine's errors (404
+the fields ftune supports, re-serialised), never the caller's bytes: messages with content parts, tool
+calls and tool results, `tools` / `tool_choice` / `parallel_tool_calls` (and the legacy `functions` /
+`function_call`) and `response_format`, which the engine checks against the model and enforces
+(inference.structured). The engine's errors (404
 model_not_found, 429 engine_overloaded with Retry-After, 504 engine_timeout, 400) keep their status and
 OpenAI-shaped body; an engine that cannot be reached is 503 inference_unavailable, without its address.
 The judge of model graders (its key FTUNE_GRADER_MODEL_API_KEY) asks as the tenant whose grader it judges
 (api.auth.get_chat_principal): that tenant's `ft:` models, chat slots and request rate.
 
-Under a hostile tenant: at most FTUNE_CHAT_MAX_CONCURRENT_PER_TENANT requests of a tenant at once in this
-process (429 past it, with Retry-After), n x max_tokens at most FTUNE_CHAT_MAX_TOTAL_TOKENS, stop strings
+Under a hostile tenant: its requests wait their turn in a fair queue (api/chat_queue.py: round robin
+between tenants, shares while they compete); past FTUNE_CHAT_MAX_QUEUED_PER_TENANT waiting, 429 with
+Retry-After; n x max_tokens at most FTUNE_CHAT_MAX_TOTAL_TOKENS, stop strings
 as OpenAI bounds them, vLLM's ignore_eos only with FTUNE_CHAT_ALLOW_IGNORE_EOS; a client that goes away
 (streaming or not) closes the engine's request, which stops its generation.
 """
@@ -55,23 +59,46 @@ router = APIRouter(
 
 # Bounds checked before anything reaches the engine (which checks the context length itself).
 MAX_TOKENS = 32768
+MAX_TOOLS = 128  # OpenAI's bound on a request's tools
+UNSUPPORTED = ("logprobs", "frequency_penalty", "presence_penalty")  # refused unless at their defaults
 PASSED_HEADERS = ("retry-after",)  # of an engine's error answer, e.g. 429's
 UNAVAILABLE = "the inference engine is unavailable; try again shortly"
 
 
-class TextPart(BaseModel):
+class ContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    type: Literal["text"]
-    text: str
+    type: str
+    text: str | None = None
+    image_url: dict[str, Any] | None = None  # refused by a text-only model (400 unsupported_content)
+
+
+class Function(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    arguments: str | Any = None  # a JSON string; the engine says what else is wrong with it
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str | None = None
+    type: str | None = None
+    function: Function | None = None
 
 
 class ChatMessage(BaseModel):
+    """A message as OpenAI takes it; the engine checks what is inside (parts, calls, the ids they answer)."""
+
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    function_call: Function | None = None  # the legacy form of tool_calls
 
 
 class StreamOptions(BaseModel):
@@ -98,12 +125,17 @@ class ChatCompletionRequest(BaseModel):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None  # vLLM's extension: exactly max_tokens (FTUNE_CHAT_ALLOW_IGNORE_EOS)
-    # OpenAI's, not implemented: refused unless left at their defaults (check()), never forwarded
+    # tools and structured outputs: the engine checks them against the model (inference.structured)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
+    functions: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: str | dict[str, Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
+    # OpenAI's, not implemented: refused unless left at their defaults (check()), never forwarded
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logprobs: bool | None = None
-    tools: list[Any] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -115,15 +147,9 @@ class ChatCompletionRequest(BaseModel):
 
     def check(self, settings: Settings) -> None:
         """The operator's bounds, and what ftune does not implement: 400 naming the parameter."""
-        for name in ("tools", "logprobs", "frequency_penalty", "presence_penalty"):
+        for name in UNSUPPORTED:
             if getattr(self, name):
                 raise InvalidInput(f"{name} is not supported", code="unsupported_parameter", param=name)
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise InvalidInput(
-                "only response_format type text is supported",
-                code="unsupported_parameter",
-                param="response_format",
-            )
         if self.ignore_eos and not settings.chat_allow_ignore_eos:
             raise InvalidInput(
                 "ignore_eos is not allowed on this server", code="invalid_request", param="ignore_eos"
@@ -139,8 +165,7 @@ class ChatCompletionRequest(BaseModel):
 
     def forwarded(self) -> bytes:
         """What the engine gets: the supported fields as read, re-serialised."""
-        keep = set(type(self).model_fields) - {"tools", "logprobs", "frequency_penalty", "presence_penalty"}
-        keep -= {"response_format"}
+        keep = set(type(self).model_fields) - set(UNSUPPORTED)
         body = self.model_dump(include=keep, exclude_unset=True, exclude_none=True)
         return json.dumps(body).encode()
 
@@ -324,7 +349,11 @@ async def create_chat_completion(
     """`client.chat.completions.create(model=..., messages=[...])`, with `stream=True` too. The judge of
     model graders asks as the grading tenant (api.auth.get_chat_principal)."""
     body.check(services.settings)
-    release = services.chats.take(principal.tenant_id)
+    # Its turn among the tenants' requests (api/chat_queue.py); a client gone while it waits leaves the line.
+    release = await services.chats.take(principal.tenant_id, lambda: client_gone(request))
+    if release is None:
+        log.info("a client of tenant %s went away while its chat request waited", principal.tenant_id)
+        return Response(status_code=499)  # nobody reads it
     # Until the engine answers (all of it when not streaming) the client is watched: one that goes away
     # cancels the engine's request (its connection closes), so the engine stops generating for it.
     answering = asyncio.ensure_future(answer(request, body, services, principal))

@@ -7,9 +7,9 @@ job's directory, base model from the job; a kept checkpoint's laid out as PEFT's
 the engine forgot it, the body forwarded as sent as read (the fields ftune supports, re-serialised), SSE
 passed through, the engine's errors passed on with their status (429 with Retry-After), 503
 inference_unavailable without an engine (never its address), cheap bounds as 400 with the parameter named,
-the engine's key sent, and a hostile tenant held: at most FTUNE_CHAT_MAX_CONCURRENT_PER_TENANT requests
-at once (429), n x max_tokens capped, stop strings bounded, ignore_eos refused unless allowed, and a client
-that goes away cancelling the engine's request.
+the engine's key sent, and a hostile tenant held: its requests past its share wait their turn (the fair
+queue, api/chat_queue.py) and past its line's bound are 429, n x max_tokens capped, stop strings bounded,
+ignore_eos refused unless allowed, and a client that goes away cancelling the engine's request.
 The real engine answering is tests/e2e/test_chat_e2e.py.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import httpx
@@ -239,37 +239,53 @@ def test_the_body_is_forwarded_as_read_never_as_sent(chat_stack: ChatStack) -> N
     }
 
 
-def test_a_tenant_has_at_most_two_chat_requests_at_once(chat_stack: ChatStack) -> None:  # noqa: F811
-    """FTUNE_CHAT_MAX_CONCURRENT_PER_TENANT (2): a third request while two are held is 429 with Retry-After;
-    another tenant is not held up; once they end the tenant may ask again."""
-    engine = chat_stack.engine
-    engine.release.clear()
-    sdk, _ = chat_stack.tenant()
-    other, _ = chat_stack.tenant()
+def test_a_tenants_requests_past_its_share_wait_and_past_its_line_are_429(tmp_path: Path) -> None:
+    """FTUNE_CHAT_MAX_RUNNING=3 (a tenant alone runs 2), FTUNE_CHAT_MAX_QUEUED_PER_TENANT=1: a third request
+    while two are held waits for its turn (it does not reach the engine), a fourth is 429 with Retry-After;
+    another tenant starts at once (the place kept free); once the held end, the one waiting is answered."""
+    engine = EngineDouble(key=ENGINE_KEY)
+    server = serve(engine)
+    bounds = {"FTUNE_CHAT_MAX_RUNNING": "3", "FTUNE_CHAT_MAX_QUEUED_PER_TENANT": "1"}
+    url = f"http://127.0.0.1:{server.server_port}"
+    api, base, database_url = start_api(
+        tmp_path, FTUNE_INFERENCE_URL=url, FTUNE_INFERENCE_API_KEY=ENGINE_KEY, **bounds
+    )
+    stack = ChatStack(base, tmp_path / "data", database_url, engine)
+    (sdk, _), (other, _) = stack.tenant(), stack.tenant()
     hold = [{"role": "user", "content": "hold"}]
-    with sdk, other, ThreadPoolExecutor(2) as pool:
-        try:
-            held = [
-                pool.submit(sdk.chat.completions.create, model="tiny", messages=hold),
-                pool.submit(
-                    lambda: list(sdk.chat.completions.create(model="tiny", messages=hold, stream=True))
-                ),
-            ]
-            deadline = time.monotonic() + 20
-            while engine.holding < 2:
-                assert time.monotonic() < deadline, "the two requests never reached the engine"
-                time.sleep(0.05)
-            with pytest.raises(openai.RateLimitError) as e:
-                sdk.chat.completions.create(model="tiny", messages=HI)
-            assert e.value.code == "too_many_concurrent_requests"
-            assert e.value.response.headers["retry-after"] == "1"
-            assert other.chat.completions.create(model="tiny", messages=HI).choices  # not this one's limit
-        finally:
-            engine.release.set()
-        assert held[0].result(timeout=20).choices[0].message.content == "echo tiny: hold"
-        assert held[1].result(timeout=20)
-        for _ in range(3):  # the slots came back
-            assert sdk.chat.completions.create(model="tiny", messages=HI).choices
+    try:
+        with sdk, other, ThreadPoolExecutor(4) as pool:
+            try:
+                held = [
+                    pool.submit(sdk.chat.completions.create, model="tiny", messages=hold),
+                    pool.submit(
+                        lambda: list(sdk.chat.completions.create(model="tiny", messages=hold, stream=True))
+                    ),
+                ]
+                deadline = time.monotonic() + 20
+                while engine.holding < 2:
+                    assert time.monotonic() < deadline, "the two requests never reached the engine"
+                    time.sleep(0.05)
+                extra = [pool.submit(sdk.chat.completions.create, model="tiny", messages=hold) for _ in "34"]
+                done, _ = wait(extra, timeout=20, return_when=FIRST_COMPLETED)
+                assert len(done) == 1, "one of the two past the share must wait, the other be refused"
+                with pytest.raises(openai.RateLimitError) as e:
+                    done.pop().result()
+                assert e.value.code == "too_many_concurrent_requests"
+                assert int(e.value.response.headers["retry-after"]) >= 1
+                (waiting,) = [f for f in extra if not f.done()]
+                assert other.chat.completions.create(model="tiny", messages=HI).choices  # not this one's line
+                assert engine.holding == 2 and not waiting.done()  # it waits in the API, not the engine
+            finally:
+                engine.release.set()
+            assert held[0].result(timeout=20).choices[0].message.content == "echo tiny: hold"
+            assert held[1].result(timeout=20)
+            assert waiting.result(timeout=20).choices[0].message.content == "echo tiny: hold"
+            for _ in range(3):  # the places came back
+                assert sdk.chat.completions.create(model="tiny", messages=HI).choices
+    finally:
+        api.stop()
+        server.shutdown()
 
 
 def test_a_non_streaming_client_that_goes_away_cancels_the_engines_request(chat_stack: ChatStack) -> None:  # noqa: F811

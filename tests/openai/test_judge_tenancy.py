@@ -4,9 +4,9 @@ One uvicorn server (in-process, SQLite) is both the graders' API and their judge
 is its own /v1 with the operator's judge key (tenant "ftune-judge"), and its chat completions go to the
 inference engine double (tests/openai/engine_double.py), which records what reaches it. A tenant's
 score_model grader reaches that tenant's own `ft:` models and no one else's (another tenant's, the judge
-key's tenant's), the judge's calls take the grading tenant's chat slots, the grading-tenant header counts
-only with the judge key, and the operator's allow-list and token bound are enforced at validate, run and a
-job's submission, naming the field.
+key's tenant's), the judge's calls take the grading tenant's place in the chat queue, the grading-tenant
+header counts only with the judge key, and the operator's allow-list and token bound are enforced at
+validate, run and a job's submission, naming the field.
 """
 
 from __future__ import annotations
@@ -82,6 +82,9 @@ def judged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Judged]:
         grader_model_structured_outputs=False,  # ftune's /v1 answers text
         grader_model_allowed_models=["tiny", "ft:*"],
         grader_model_max_completion_tokens=MAX_TOKENS,
+        chat_max_running=3,  # a tenant alone runs two chats at once
+        chat_max_queued_per_tenant=0,  # and none waits: a third is 429
+        chat_share_linger_seconds=0,  # the tenants of earlier tests do not share the queue
     )
     app = create_app(settings, enqueue=RecordingEnqueuer(), token_stats=RecordingTokenStats())
     with session_scope(app.state.services.sessions) as s:
@@ -152,8 +155,9 @@ def test_the_grading_tenant_header_counts_only_with_the_judge_key(judged: Judged
 
 
 def test_judge_calls_take_the_grading_tenants_chat_slots(judged: Judged) -> None:
-    """Tenant A's two chats hold its chat slots (FTUNE_CHAT_MAX_CONCURRENT_PER_TENANT=2): A's grader gets
-    the judge's 429 (summarised), while tenant B's grader is judged at once."""
+    """Tenant A's two chats hold its share of the chat queue (a tenant alone runs 2 of
+    FTUNE_CHAT_MAX_RUNNING=3, and FTUNE_CHAT_MAX_QUEUED_PER_TENANT=0 lets none wait): A's grader gets the
+    judge's 429 (summarised), while tenant B's grader is judged at once (the place kept free)."""
     a_sdk, _ = judged.stack.tenant()
     b_sdk, _ = judged.stack.tenant()
     hold: Any = [{"role": "user", "content": "hold"}]
