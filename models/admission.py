@@ -29,6 +29,7 @@ from models import jobs as jobs_db
 from models import openai_jobs
 from models import workers as workers_db
 from models.tables import Dataset, Job
+from models.vision_admission import check_image_base
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +297,7 @@ def admit(
         )
         datasets.append(validation)
     check_init_from(session, spec=spec, tenant_id=tenant_id)
+    check_image_base(catalog=catalog, spec=spec, datasets=datasets)
     if tools_check is not None:
         check_tools_template(catalog=catalog, spec=spec, datasets=datasets, check=tools_check)
     plan_for = planner(session, catalog=catalog, spec=spec, gpu=None, tenant_id=tenant_id, plan_gpu=plan_gpu)

@@ -232,7 +232,9 @@ def collate(items: Iterable[Tokenized], pad_id: int, limit: int = 0) -> dict[str
         ids[row, :n] = torch.tensor(t.input_ids)
         labels[row, :n] = torch.tensor(t.labels)
     rows = torch.arange(len(items)).repeat_interleave(width)
-    return {"input_ids": ids, "labels": labels, **scored_targets(labels, rows)}
+    from training.vision import batch_inputs  # a vision-language base's images and 3-D positions
+
+    return {"input_ids": ids, "labels": labels, **batch_inputs(items, width), **scored_targets(labels, rows)}
 
 
 def padded_width(longest: int, limit: int = 0) -> int:

@@ -59,7 +59,7 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, init_adapte
     """
     if spec.method not in ("lora", "qlora"):
         raise ValueError(f"method {spec.method!r} is planned only and cannot be trained")
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import BitsAndBytesConfig
 
     from training.packing import ATTN_NAME, attn_implementation, prepare
 
@@ -81,14 +81,18 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, init_adapte
         kwargs["device_map"] = {"": device.index if device.type == "cuda" else "cpu"}
     else:
         kwargs["dtype"] = base_dtype(spec, model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+    from training import vision
+
+    model = vision.auto_model_class(model_dir).from_pretrained(model_dir, **kwargs)
     if spec.method == "lora":
-        model.to(device)  # type: ignore[arg-type]  # transformers' stubs type .to as a decorator
+        model.to(device)
     else:
         keep_one_4bit_layout(model)
     model.config.use_cache = False
     if kwargs["attn_implementation"] == ATTN_NAME:
         prepare(device)
+    if vision.is_vision_base(model_dir):
+        vision.prepare_model(model)
     for p in model.parameters():
         p.requires_grad_(False)
     if spec.gradient_checkpointing:

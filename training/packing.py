@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import pairwise
 from typing import Any
@@ -40,7 +40,7 @@ ATTN_NAME = "ftune_packed"
 log = logging.getLogger("ftune.training")
 
 
-def collate_packed(items: Iterable[Tokenized]) -> dict[str, torch.Tensor | int]:
+def collate_packed(items: Sequence[Tokenized]) -> dict[str, torch.Tensor | int]:
     """Concatenate examples into one row: ids, labels (first of each example ignored), position ids
     restarting per example, the boundaries as cu_seq_lens_q/k (int32) + max_length_q/k, and the loss's
     targets (training.data.scored_targets)."""
@@ -58,10 +58,13 @@ def collate_packed(items: Iterable[Tokenized]) -> dict[str, torch.Tensor | int]:
     cu = torch.tensor(bounds, dtype=torch.int32)
     lengths = cu.diff()
     label_row = torch.tensor([labels], dtype=torch.long)
+    from training.vision import batch_inputs  # a vision-language base's images and 3-D positions
+
     return {
         "input_ids": torch.tensor([ids], dtype=torch.long),
         "labels": label_row,
         "position_ids": torch.tensor([positions], dtype=torch.long),
+        **batch_inputs(items, None),
         "cu_seq_lens_q": cu,
         "cu_seq_lens_k": cu,
         "max_length_q": int(lengths.max()),

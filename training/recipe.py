@@ -50,6 +50,7 @@ from training import (
     objectives,
     quota,
     samples,
+    vision,
 )
 from training.batches import Step
 from training.step import Parts, Position, StepResult, lr_at, make_optimizer
@@ -93,7 +94,8 @@ class State:
         return Path(self.config.output_dir)
 
 
-def setup(config: RunConfig, stop: StopFlag) -> State:
+def _start(config: RunConfig) -> tuple[torch.device, bool]:
+    """Seeds, picks the device (and joins FSDP's process group when launched under torchrun)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -109,19 +111,12 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
     where = f"{device} (CPU threads: {torch.get_num_threads()})" if device.type == "cpu" else device
     log.info("job %s: %s on %s, base %s", config.job_id, spec.method, where, config.model_dir)
     memory.reset_cuda_peaks(device)  # this run's peak from its loading on, also in a busy process
+    return device, sharded
 
-    tokenizer = model.load_tokenizer(Path(config.model_dir))
-    items, val_items, dropped, token_stats = load_splits(config, tokenizer)
-    # What the planner counts activations and logits with; only the start record (rank 0's) uses it.
-    shape = memory.batch_shape(spec, items, val_items) if distributed.is_main() else None
-    if shape is not None:
-        token_stats |= shape.token_stats()
-    log.info(
-        "dataset: %d training and %d validation examples or pairs (%d dropped: over max_seq_len with "
-        "over_length=drop, or nothing to train on); tokens per example %s",
-        len(items), len(val_items), dropped, token_stats,
-    )  # fmt: skip
 
+def _load_parts(config: RunConfig, device: torch.device, sharded: bool) -> Parts:
+    """The model (with its adapter, CUDA paths, compiled layers and FSDP shards) and its optimizer."""
+    spec = config.spec
     precision = model.precision_for(spec, device, model.bf16_supported(device))
     if sharded and precision.scaled:
         raise ValueError("fp16 loss scaling (a GPU without bf16) is not supported under FSDP (num_gpus > 1)")
@@ -139,7 +134,44 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
         log.info("FSDP over %d processes", distributed.world_size())
     params = [p for _, p in model.trainable_parameters(net)]
     scaler = torch.amp.GradScaler(device.type) if precision.scaled else None
-    parts = Parts(spec, net, make_optimizer(spec, params), params, device, precision.autocast, scaler)
+    return Parts(spec, net, make_optimizer(spec, params), params, device, precision.autocast, scaler)
+
+
+def _tokenize_samples(state: State, sharded: bool) -> None:
+    """spec.sample_prompts, tokenized into state.prompts; never the reason a run fails."""
+    spec = state.spec
+    if spec.sample_prompts and sharded:
+        log.warning("no before/after samples under FSDP (num_gpus > 1): see training.samples")
+    elif spec.sample_prompts:
+        try:
+            state.prompts = samples.prompts_for(
+                state.config,
+                state.tokenizer,
+                state.val_items or state.items,
+                objectives.objective_class(spec).sample_prompts,
+            )
+            log.info("%d sample prompts", len(state.prompts))
+        except Exception:  # samples are a view of the run: never the reason it fails
+            log.warning("no before/after samples: their prompts could not be rendered", exc_info=True)
+
+
+def setup(config: RunConfig, stop: StopFlag) -> State:
+    spec = config.spec
+    device, sharded = _start(config)
+
+    tokenizer = model.load_tokenizer(Path(config.model_dir))
+    items, val_items, dropped, token_stats = load_splits(config, tokenizer)
+    # What the planner counts activations and logits with; only the start record (rank 0's) uses it.
+    shape = memory.batch_shape(spec, items, val_items) if distributed.is_main() else None
+    if shape is not None:
+        token_stats |= shape.token_stats()
+    log.info(
+        "dataset: %d training and %d validation examples or pairs (%d dropped: over max_seq_len with "
+        "over_length=drop, or nothing to train on); tokens per example %s",
+        len(items), len(val_items), dropped, token_stats,
+    )  # fmt: skip
+
+    parts = _load_parts(config, device, sharded)
     total = batches.total_steps(spec, [x.length for x in items])
 
     if distributed.is_main():
@@ -158,7 +190,7 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
             num_validation_examples=len(val_items),
             dropped_examples=dropped,
             token_stats=token_stats,
-            trainable_params=sum(p.numel() for p in params),
+            trainable_params=sum(p.numel() for p in parts.params),
             resumed_from_step=pos.step,
             predicted_peak_bytes=predicted.allocated,
             predicted_reserved_bytes=predicted.reserved,
@@ -180,16 +212,7 @@ def setup(config: RunConfig, stop: StopFlag) -> State:
     if latest:
         state.saved.add(pos.step)
     state.tokenizer = tokenizer
-    if spec.sample_prompts and sharded:
-        log.warning("no before/after samples under FSDP (num_gpus > 1): see training.samples")
-    elif spec.sample_prompts:
-        try:
-            state.prompts = samples.prompts_for(
-                config, tokenizer, val_items or items, objectives.objective_class(spec).sample_prompts
-            )
-            log.info("%d sample prompts", len(state.prompts))
-        except Exception:  # samples are a view of the run: never the reason it fails
-            log.warning("no before/after samples: their prompts could not be rendered", exc_info=True)
+    _tokenize_samples(state, sharded)
     return state
 
 
@@ -401,6 +424,8 @@ def load_splits(config: RunConfig, tokenizer: object) -> tuple[list[Example], li
 
     spec = config.spec
     load = objectives.objective_class(spec).load
+    if vision.is_vision_base(config.model_dir):  # its images through the model's image processor
+        load, tokenizer = vision.load_for_training, vision.load_processor(Path(config.model_dir))
     items, dropped, stats = load(Path(config.dataset_path), tokenizer, spec, config.column_mapping)
     if spec.validation_dataset_id:
         if not config.validation_path:

@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.arch import families, moe_families
+from core.arch import families, moe_families, vl_families
 from core.arch.types import Architecture
 from core.errors import FtuneError, InvalidInput, Unsupported
 
-# Every family the planner reads: dense (core.arch.families) and mixture-of-experts (core.arch.moe_families).
-BUILDERS = {**families.BUILDERS, **moe_families.BUILDERS}
+# Every family the planner reads: dense (core.arch.families), mixture-of-experts (core.arch.moe_families)
+# and vision-language (core.arch.vl_families).
+BUILDERS = {**families.BUILDERS, **moe_families.BUILDERS, **vl_families.BUILDERS}
 
 
 def load_architecture(model_dir: Path | str) -> Architecture:
@@ -45,7 +46,7 @@ def from_config(config: dict[str, Any]) -> Architecture:
 FAMILY_NAMES = {
     "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma",
     "gemma2": "Gemma 2", "gemma3_text": "Gemma 3", "phi3": "Phi-3", "gpt2": "GPT-2", "gpt_neox": "GPT-NeoX",
-    "falcon": "Falcon", "qwen3_moe": "Qwen3-MoE", "mixtral": "Mixtral",
+    "falcon": "Falcon", "qwen3_moe": "Qwen3-MoE", "mixtral": "Mixtral", "qwen2_5_vl": "Qwen2.5-VL",
 }  # fmt: skip
 
 

@@ -37,6 +37,8 @@ def peft_targets(arch: Architecture, targets: list[str] | str) -> PeftTargets:
     """The LoraConfig that wraps exactly lora_targets(targets). A dense model: the job's names as they
     are. A MoE model: the job's names that match linears, as target_modules (all-linear: the block
     linears' names), and the expert stacks' parameter names, as target_parameters (see the module doc)."""
+    if arch.vision is not None:
+        return PeftTargets(vision_base_modules(arch, targets), [])
     if arch.experts is None:
         return PeftTargets(targets, [])
     experts = arch.experts
@@ -66,3 +68,20 @@ def peft_targets(arch: Architecture, targets: list[str] | str) -> PeftTargets:
             whole = len(hits) == arch.num_layers
             parameters += [name] if whole else [f"{prefix}.{i}.{name}" for i in hits]
     return PeftTargets(modules, sorted(set(parameters)))
+
+
+def vision_base_modules(arch: Architecture, targets: list[str] | str) -> list[str]:
+    """A vision-language base's LoRA modules by their full names: the language model's linears the job's
+    targets name (all-linear: all of them) and the projector's if named. By full name, since peft's
+    all-linear and a short name like "down_proj" would also wrap the tower's linears, which stay frozen."""
+    wrapped = arch.lora_targets(targets)  # refuses what cannot be wrapped
+    hit = (lambda key: True) if targets == "all-linear" else target_matcher(tuple(targets))
+    prefix = arch.layers_prefix
+    names = [
+        f"{prefix}.{i}.{m.name}"
+        for m, _ in wrapped
+        if m in arch.block_linears
+        for i in range(arch.num_layers)
+        if hit(f"{prefix}.{i}.{m.name}")
+    ]
+    return names + [m.name for m, _ in wrapped if m not in arch.block_linears]

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from core.arch.experts import Experts
 from core.arch.linears import InputGroup, LinearModule
+from core.arch.vision import VisionTower, projector_targets
 from core.errors import InvalidInput
 
 __all__ = ["Architecture", "InputGroup", "LinearModule"]
@@ -54,7 +55,8 @@ class Architecture(BaseModel):
     # a mixture-of-experts block's routed experts and router (every layer's), None for a dense model;
     # block_linears then lists the block's nn.Linear modules alone (attention, shared or dense MLPs)
     experts: Experts | None = None
-    modality: str = "text"  # what the model reads: ftune trains text-only causal LMs
+    modality: str = "text"  # what the model reads: "text", or "text+image" for a vision-language base
+    vision: VisionTower | None = None  # a vision-language base's (frozen) tower and projector
 
     # -- parameter counts -------------------------------------------------------------------------
     @property
@@ -83,6 +85,7 @@ class Architecture(BaseModel):
             + self.num_layers * self.layer_params
             + self.final_norm_params
             + self.lm_head_params
+            + (self.vision.params if self.vision else 0)
         )
 
     @property
@@ -137,6 +140,7 @@ def lora_targets(arch: Architecture, targets: tuple[str, ...] | str) -> Wrapped:
         if n:
             found.append((m, n))
     found += _expert_targets(arch, targets)
+    found += projector_targets(arch.vision, targets)
     if hit("lm_head"):
         head = LinearModule(
             name="lm_head",

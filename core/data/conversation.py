@@ -49,10 +49,12 @@ def check_messages(
     where: str = "messages",
     parallel: bool = True,
     after: str | None = None,
+    images: bool = False,
 ) -> Conversation:
     """Check a list of messages; problems name fields under `where` (e.g. "input.messages[2].role").
     `parallel`: an assistant message may call more than one tool (the row's parallel_tool_calls).
-    `after`: the role before the first message ("user" for a reply), if any."""
+    `after`: the role before the first message ("user" for a reply), if any. `images`: image parts are
+    allowed (a chat row's, core.data.images), else refused."""
     if type(messages) is not list:
         raise LineProblem("wrong_type", f"must be an array; got {json_type(messages)}", where)
     if not messages:
@@ -87,7 +89,7 @@ def check_messages(
         else:
             state = role
         content = content_text(
-            m.get("content"), f"{at}.content", strict, required=not calls and state != "tool"
+            m.get("content"), f"{at}.content", strict, required=not calls and state != "tool", images=images
         )
         chars += len(content)
         canon.append((role, content, weight, calls, answered))

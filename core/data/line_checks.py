@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from core.data.conversation import Conversation, check_messages
 from core.data.examples import Format
+from core.data.images import count_images
 from core.data.problems import LineProblem, checked_string, json_type, show
 from core.data.tools import ToolSet, check_tools
 
@@ -23,6 +24,7 @@ class Checked(NamedTuple):
     key: tuple[Any, ...]  # the used fields: equal keys are duplicate examples
     flag: bool  # chat: starts with a system message; instruction: has a non-empty input
     tools: bool = False  # defines tools or calls one
+    images: int = 0  # image parts (core.data.images)
 
 
 def partial_format(obj: dict[str, Any]) -> Format | None:
@@ -93,12 +95,14 @@ def check_chat(obj: dict[str, Any], strict: bool, prompt: bool = False) -> Check
     parallel = obj.get("parallel_tool_calls", True)
     if type(parallel) is not bool:
         raise LineProblem("wrong_type", f"must be true or false; got {show(parallel)}", "parallel_tool_calls")
-    talk = check_messages(obj["messages"], strict, tools, parallel=parallel)
+    images = count_images(obj["messages"])  # before the images are decoded
+    talk = check_messages(obj["messages"], strict, tools, parallel=parallel, images=True)
     if not prompt and not talk.assistant:
         raise LineProblem(
             "no_assistant_turn", "has no assistant message; at least one is required", "messages"
         )
-    return _checked(talk, tools, len(obj["messages"]), obj["messages"][0].get("role") == "system")
+    checked = _checked(talk, tools, len(obj["messages"]), obj["messages"][0].get("role") == "system")
+    return checked._replace(images=images)
 
 
 def _checked(talk: Conversation, tools: ToolSet | None, messages: int, flag: bool) -> Checked:

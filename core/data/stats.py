@@ -131,15 +131,20 @@ class ExampleStats:
         self.msgs_max = 0
         self.flagged = 0
         self.with_tools = 0
+        self.with_images = 0  # examples holding an image part: admission checks the base reads images
+        self.images = 0
         self._chars: list[int] = []
         self._msgs: list[int] = []
         self._rng = random.Random(0)  # fixed seed: the same file gives the same report
 
-    def add(self, chars: int, msgs: int, flag: bool, tools: bool = False) -> None:
+    def add(self, chars: int, msgs: int, flag: bool, tools: bool = False, images: int = 0) -> None:
         # Called once per example: plain comparisons, no min()/max() calls.
         self.count += 1
         self.flagged += flag
         self.with_tools += tools
+        if images:
+            self.with_images += 1
+            self.images += images
         if self.count == 1:
             self.chars_min = self.chars_max = chars
             self.msgs_min = self.msgs_max = msgs
@@ -176,6 +181,8 @@ class ExampleStats:
         if fmt in ("chat", "reinforcement", "preference"):
             # examples that define or call tools: admission checks the base model's template renders them
             out["with_tools"] = self.with_tools
+        if fmt in ("chat", "reinforcement") and self.with_images:
+            out["with_images"], out["images"] = self.with_images, self.images
         if fmt == "instruction":
             out["with_input"] = self.flagged
         if fmt == "chosen_rejected":

@@ -15,7 +15,9 @@ objective grpo). The file's format is the format of its first line that has one;
 Problem codes (stable; every problem has a 1-based line number, blank lines count):
 invalid_utf8, invalid_json, not_an_object, unknown_format, mixed_formats, missing_field, wrong_type,
 empty_content, unknown_role, no_assistant_turn, roles_not_alternating, line_too_long; for content parts
-unsupported_content (an image, audio or file part: no base model here reads them); for function calling
+unsupported_content (an audio or file part: no base model here reads them); for image parts
+(core.data.images) image_undecodable, image_too_large, too_many_images, image_url_invalid,
+image_url_private, image_url_not_fetched and image_not_in_user_message; for function calling
 (core.data.tools, core.data.conversation) invalid_tool_schema (a tool's parameters are not valid JSON
 Schema), unknown_tool (a call to a tool the row does not define), invalid_tool_arguments (arguments that
 are not a string of a JSON object), unknown_tool_call_id (a tool message that answers no call) and
@@ -277,7 +279,7 @@ class DatasetValidator:
         else:
             checked = check_flat(obj, fmt, strict)
         self._examples += 1
-        self._stats.add(checked.chars, checked.messages, checked.flag, checked.tools)
+        self._stats.add(checked.chars, checked.messages, checked.flag, checked.tools, checked.images)
         # A 64-bit hash (SipHash of each string, in C) is ~4x cheaper than a digest of a canonical dump;
         # a false duplicate needs a collision (~n^2/2^65: 3e-6 at 10M examples) and only skews a count.
         self._duplicates.add(hash(checked.key))

@@ -29,6 +29,7 @@ from core.planner.moe import expert_weight_bytes
 from core.planner.moe_terms import moe_terms, recomputed_stack_bytes
 from core.planner.rollouts import rollout
 from core.planner.types import Term, idle
+from core.planner.vision import vision_terms
 
 NCCL_BYTES = 300 * MiB  # NCCL communicator buffers when num_gpus > 1
 # Packed rows: how many examples a micro-batch of T tokens is assumed to hold, T / this (the token
@@ -39,7 +40,7 @@ PACKED_EXAMPLE_TOKENS = 32
 
 def forward_backward_terms(c: Context) -> list[Term]:
     activations, layer_bytes = _activations(c)
-    terms = [activations, *moe_terms(c)]
+    terms = [activations, *moe_terms(c), *vision_terms(c)]
     if c.autocast and c.compute_b < 4 and (not c.full or c.store_b == 4):
         terms.append(
             Term(

@@ -173,7 +173,7 @@ MALFORMED: list[tuple[dict[str, Any], str, str]] = [
     (chat(USER, LEGACY_CALL, {"role": "function", "name": "x", "content": "18"}, ANSWER, functions=FNS),
      "unknown_tool_call_id", "messages[2].name"),
     (chat(user({"type": "text", "text": "What cheese?"}, IMAGE), ANSWER),
-     "unsupported_content", "messages[0].content[1]"),
+     "image_url_not_fetched", "messages[0].content[1].image_url.url"),
     (chat(user(), ANSWER), "empty_content", "messages[0].content"),
     (chat(user({"type": "text"}), ANSWER), "missing_field", "messages[0].content[0].text"),
     (chat(user({"type": "text", "text": " "}), ANSWER), "empty_content", "messages[0].content"),
@@ -201,7 +201,7 @@ def test_messages_say_what_is_wrong() -> None:
     bad = with_tools([{"type": "function", "function": {**WEATHER, "parameters": BAD_SCHEMA}}])
     assert "is not valid JSON Schema: 'strng' is not valid under any of the given schemas" in message(bad)
     image = {"messages": [{"role": "user", "content": [IMAGE]}, {"role": "assistant", "content": "Danbo"}]}
-    assert "image parts need a vision base model" in message(image)
+    assert "ftune does not fetch images from URLs: send the image inline as a data: URL" in message(image)
 
 
 def test_preference_rows_take_tools_and_calls() -> None:

@@ -58,7 +58,7 @@ def test_each_malformed_tool_row_has_its_code_and_line_and_nothing_is_queued(ten
         (4, "unknown_tool", "messages[1].tool_calls[0].function.name"),
         (5, "unknown_tool_call_id", "messages[2].tool_call_id"),
         (6, "invalid_tool_schema", "tools[0].function.parameters.properties.format.enum"),
-        (7, "unsupported_content", "messages[0].content[1]"),
+        (7, "image_url_not_fetched", "messages[0].content[1].image_url.url"),
     ]
     assert details.startswith("invalid file, 5 problem(s): ")
     for line, code, field in expected:
