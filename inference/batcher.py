@@ -23,17 +23,18 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from core.data.examples import Message
-from inference.engine import Engine, LoadedBase, Target
+from inference.engine import Engine, LoadedBase, Rendered, Target
 from inference.errors import Busy, EngineError
 from inference.scheduler import DONE, Outbox, Ticket
 from inference.structured import Shape
 from inference.tool_calls import ToolFormat
 from training.decoding.constraint import Grammar
-from training.decoding.engine import Completion, Decoder, Row, eos_ids
+from training.decoding.engine import Completion, Decoder, Media, Row, eos_ids
 from training.decoding.kv import batchable
 from training.decoding.sampling import Sampling, row_generator
 from training.decoding.text import TextStream
@@ -46,13 +47,13 @@ class Chat:
     """A chat completion as the server submits it (a ticket's work)."""
 
     target: Target
-    messages: Sequence[Message]
+    messages: Sequence[Message] | Sequence[dict[str, Any]]  # dicts with image parts: a vision base's
     sampling: Sampling
     n: int = 1
     seed: int | None = None
     generation_seconds: float = 120.0
     shape: Shape = field(default_factory=Shape)  # what its answer must be (tools, JSON)
-    rendered: tuple[LoadedBase, list[int], Sampling] | None = None  # kept while it waits for room
+    rendered: Rendered | None = None  # kept while it waits for room
     shaped: tuple[Grammar | None, ToolFormat | None] = (None, None)  # on the base it renders for
 
 
@@ -69,6 +70,7 @@ class _Job:
     eos: set[int]
     queued: list[int]  # choices waiting for room
     open: int  # choices not finished
+    media: Media | None = None  # the prompt's images, on a vision-language base
 
     @property
     def need(self) -> int:
@@ -144,7 +146,7 @@ class Batcher:
             )
             request.shaped = self.engine.shaped(request.target, rendered[0], request.shape)
             request.rendered = rendered
-        loaded, prompt, sampling = request.rendered
+        loaded, prompt, sampling, media = request.rendered
         if self._room(len(prompt) + (sampling.max_tokens or 0)) < 1:
             return False
         try:
@@ -153,7 +155,8 @@ class Batcher:
             return False
         eos = set() if sampling.ignore_eos else eos_ids(loaded.model, loaded.tokenizer)
         deadline = time.monotonic() + request.generation_seconds  # for all its choices together
-        job = _Job(ticket, request, prompt, sampling, slot, deadline, eos, list(range(request.n)), request.n)
+        choices = list(range(request.n))
+        job = _Job(ticket, request, prompt, sampling, slot, deadline, eos, choices, request.n, media)
         if loaded is not self._loaded:
             self._loaded, self._alone = loaded, not batchable(loaded.model.config)  # type: ignore[attr-defined]
             self._decoder = Decoder(loaded.model, per_row_adapters=True)
@@ -185,7 +188,9 @@ class Batcher:
         admitted, self._prefill = self._prefill, []
         if admitted:
             rows = [[self._row(job, c) for c in choices] for job, choices in admitted]
-            self._decoding().prefill([job.prompt for job, _ in admitted], rows)
+            # a vision-language base's prompts carry their images (None: a prompt without any)
+            media = [job.media for job, _ in admitted] if self._vision() else None
+            self._decoding().prefill([job.prompt for job, _ in admitted], rows, media)
 
     def _row(self, job: _Job, choice: int) -> _Row:
         assert self._loaded is not None
@@ -210,6 +215,9 @@ class Batcher:
             job=job,
             choice=choice,
         )
+
+    def _vision(self) -> bool:
+        return self._loaded is not None and self._loaded.processor is not None
 
     def _decoding(self) -> Decoder:
         """The decoder, on the loaded model (peft wraps the base in a new object when its first adapter

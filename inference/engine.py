@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from math import inf
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from core.catalog import BaseModelInfo, Catalog
 from core.data.examples import Message
@@ -34,10 +34,13 @@ from inference.errors import Busy, EngineError, invalid, model_not_found
 from inference.structured import Shape
 from inference.tool_calls import ToolFormat
 from training.decoding.constraint import Grammar
-from training.decoding.engine import Completion, Row, decode, eos_ids
+from training.decoding.engine import Completion, Media, Row, decode, eos_ids
 from training.decoding.lora_rows import BASE_ROWS
 from training.decoding.sampling import Sampling
 from training.decoding.text import TextStream
+
+if TYPE_CHECKING:
+    from training.vision import Processor
 
 
 @dataclass
@@ -47,6 +50,7 @@ class LoadedBase:
     tokenizer: object
     context: int  # max positions
     fixed_bytes: int  # the planner's bound without adapters (base + generation buffers)
+    processor: Processor | None = None  # a vision-language base's (its images): training.vision
     resident: OrderedDict[str, tuple[str, Adapter, int]] = field(default_factory=OrderedDict)
     # lora_name -> (peft slot, the registration it was loaded from, resident bytes); oldest use first
 
@@ -63,6 +67,14 @@ class Prepared:
     base_only: bool
     grammar: Grammar | None = None
     tool_format: ToolFormat | None = None
+    media: Media | None = None  # its images, on a vision-language base
+
+
+class Rendered(NamedTuple):
+    loaded: LoadedBase
+    prompt: list[int]
+    sampling: Sampling  # max_tokens filled in
+    media: Media | None  # the prompt's images, on a vision-language base
 
 
 @dataclass(frozen=True)
@@ -150,15 +162,19 @@ class Engine:
 
     # -- generation thread ------------------------------------------------------------------------------
     def start(
-        self, target: Target, messages: Sequence[Message], sampling: Sampling, shape: Shape = Shape()
+        self,
+        target: Target,
+        messages: Sequence[Message] | Sequence[dict[str, Any]],
+        sampling: Sampling,
+        shape: Shape = Shape(),
     ) -> Prepared:
         """Load what the target needs and render its prompt; a prompt that does not fit, or an answer
         shape it cannot keep to, is a 400 here, before any token is generated (and before a stream has
         sent its headers)."""
-        loaded, ids, sampling = self.render(target, messages, sampling, shape.tools)
+        loaded, ids, sampling, media = self.render(target, messages, sampling, shape.tools)
         grammar, fmt = self.shaped(target, loaded, shape)
         _, model = self.prepare(target)
-        return Prepared(model, loaded.tokenizer, ids, sampling, target.adapter is None, grammar, fmt)
+        return Prepared(model, loaded.tokenizer, ids, sampling, target.adapter is None, grammar, fmt, media)
 
     def shaped(
         self, target: Target, loaded: LoadedBase, shape: Shape
@@ -167,20 +183,33 @@ class Engine:
         name = target.adapter.name if target.adapter else target.base
         return shape.grammar(loaded.tokenizer, name), shape.tool_format(loaded.tokenizer, name)
 
+    def reads_images(self, target: Target) -> bool:
+        """The target's base is a vision-language one (its requests' messages keep their image parts)."""
+        from training.vision import is_vision_base
+
+        return is_vision_base(self.catalog.get(target.base).path)
+
     def render(
         self,
         target: Target,
-        messages: Sequence[Message],
+        messages: Sequence[Message] | Sequence[dict[str, Any]],
         sampling: Sampling,
         tools: Sequence[dict[str, Any]] = (),
-    ) -> tuple[LoadedBase, list[int], Sampling]:
-        """The target's base loaded, the prompt's ids (with the tools offered) and the sampling with
-        max_tokens filled in (up to the context); 400 context_length_exceeded when they do not fit."""
+    ) -> Rendered:
+        """The target's base loaded, the prompt's ids (with the tools offered), the sampling with
+        max_tokens filled in (up to the context) and, on a vision-language base, the prompt's images
+        (`messages` are then the request's checked dicts, image parts kept); 400 context_length_exceeded
+        when they do not fit."""
         from inference.prompt import prompt_ids
+        from training.vision import prompt_inputs
 
         loaded = self._base(target.base)
         self._drop_unregistered(loaded)
-        ids = prompt_ids(messages, loaded.tokenizer, tools)
+        media = None
+        if loaded.processor is not None:
+            ids, media = prompt_inputs(list(messages), loaded.processor, tools)  # type: ignore[arg-type]
+        else:
+            ids = prompt_ids(messages, loaded.tokenizer, tools)  # type: ignore[arg-type]
         room = loaded.context - len(ids)
         if room < 1 or (sampling.max_tokens or 0) > room:
             raise invalid(
@@ -189,7 +218,7 @@ class Engine:
                 "max_tokens" if room >= 1 else "messages",
                 code="context_length_exceeded",
             )
-        return loaded, ids, replace(sampling, max_tokens=sampling.max_tokens or room)
+        return Rendered(loaded, ids, replace(sampling, max_tokens=sampling.max_tokens or room), media)
 
     def pin(self, target: Target) -> str:
         """Make the target's adapter resident (its base is loaded: `render` came first) and hold it until
@@ -350,7 +379,7 @@ def _generate(
     row = Row(sampling=p.sampling, stops=eos, text=text, constraint=constraint)
     row.ended = lambda: gone.is_set() or time.monotonic() >= until
     with torch.inference_mode():
-        decode(model, [p.prompt], [row])
+        decode(model, [p.prompt], [row], media=[p.media] if p.media is not None else None)
     return row.completion()
 
 
@@ -384,17 +413,19 @@ def load_base(
     """A catalog model as training loads it (training.model: the checkpoint's dtype, local files only,
     never remote code, safetensors weights), in eval mode with the KV cache on; its memory bound counts
     the batcher's bounds (max_batch_tokens, max_running rows)."""
-    from transformers import AutoModelForCausalLM
-
     from core.arch import load_architecture
     from core.planner.serving import serving_bytes
+    from training import vision
     from training.model import base_dtype, load_tokenizer, pick_device
 
     dtype = base_dtype(SimpleNamespace(torch_dtype="auto"), info.path)  # type: ignore[arg-type]
-    model = AutoModelForCausalLM.from_pretrained(
+    model = vision.auto_model_class(info.path).from_pretrained(
         info.path, dtype=dtype, local_files_only=True, trust_remote_code=False, use_safetensors=True
     )
-    model.to(pick_device())  # type: ignore[arg-type]
+    processor = vision.load_processor(info.path) if vision.is_vision_base(info.path) else None
+    if processor is not None:
+        vision.prepare_model(model)
+    model.to(pick_device())
     model.eval()
     model.config.use_cache = True
     for p in model.parameters():
@@ -411,4 +442,5 @@ def load_base(
         )
     except Exception:  # an architecture the planner does not know: weights only
         fixed = sum(p.numel() * p.element_size() for p in model.parameters())
-    return LoadedBase(info, model, load_tokenizer(info.path), context, fixed)
+    tokenizer = processor.tokenizer if processor is not None else load_tokenizer(info.path)
+    return LoadedBase(info, model, tokenizer, context, fixed, processor)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from core.chat_limits import MAX_N, MAX_STOP_CHARS, MAX_STOPS
 from core.data.conversation import ROLES
+from core.data.images import IMAGE_KINDS, count_images
 from core.data.messages import Message, row_tools, to_messages
 from core.data.parts import content_text
 from core.data.problems import LineProblem
@@ -88,6 +89,15 @@ class ChatRequest(BaseModel):
             choice = {"type": "function", "function": fc} if isinstance(fc, dict) else fc
         return Shape.of(tools, choice, self.parallel_tool_calls, self.response_format)
 
+    def image_messages(self) -> list[dict[str, Any]]:
+        """The messages checked for a vision-language base: image parts checked (they decode, within the
+        upload's limits) and kept, for its processor (training.vision); 400 naming the field."""
+        try:
+            count_images(self.messages)
+            return [_checked(m, i, images=True) for i, m in enumerate(self.messages)]
+        except LineProblem as p:
+            raise invalid(p.message, p.field, p.code) from None
+
     def chat_messages(self) -> list[Message]:
         """The messages as the chat template gets them ("developer" is "system"); 400 naming the field."""
         try:
@@ -124,8 +134,9 @@ class UnloadAdapter(BaseModel):
     lora_name: str = Field(min_length=1)
 
 
-def _checked(m: dict[str, Any], i: int) -> dict[str, Any]:
-    """One message checked as an upload's are, its content as text; "developer" becomes "system"."""
+def _checked(m: dict[str, Any], i: int, images: bool = False) -> dict[str, Any]:
+    """One message checked as an upload's are, its content as text (`images`: a vision-language base's,
+    image parts checked and kept); "developer" becomes "system"."""
     at = f"messages[{i}]"
     role = "system" if m.get("role") == "developer" else m.get("role")
     if role not in ROLES:
@@ -133,17 +144,16 @@ def _checked(m: dict[str, Any], i: int) -> dict[str, Any]:
     required = role not in ("assistant", "tool", "function")
     content = m.get("content")
     for j, part in enumerate(content if isinstance(content, list) else []):
-        if isinstance(part, dict) and part.get("type") not in ("text", None):  # never dropped unread
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("text", None) and not (images and kind in IMAGE_KINDS):  # never dropped unread
+            why = "this model reads text" if kind in IMAGE_KINDS else "ftune's models read text and images"
             raise LineProblem(
                 "unsupported_content",
-                f"is a {part.get('type')!r} part: this engine serves text-only models; send text parts",
+                f"is a {kind!r} part: {why}; send text parts",
                 f"{at}.content[{j}]",
             )
-    out = {
-        **m,
-        "role": role,
-        "content": content_text(content, f"{at}.content", strict=False, required=required),
-    }
+    text = content_text(content, f"{at}.content", strict=False, required=required, images=images)
+    out = {**m, "role": role, "content": content if images and isinstance(content, list) else text}
     if role == "assistant":
         check_calls(m, at, None, strict=False, any_name=True)
     if role == "tool" and not isinstance(m.get("tool_call_id"), str):

@@ -121,7 +121,8 @@ def create_app(
     async def chat_completions(request: Request, body: ChatRequest) -> Response:
         body.refuse_unsupported()
         target = engine.resolve(body.model)
-        messages, sampling, shape = body.chat_messages(), body.sampling(), body.shape()
+        sampling, shape = body.sampling(), body.shape()
+        messages = body.image_messages() if engine.reads_images(target) else body.chat_messages()
         if sequential:
             ticket = scheduler.submit(one_by_one(engine, body, Chat(target, messages, sampling, shape=shape)))
         else:

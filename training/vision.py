@@ -37,6 +37,7 @@ from training.data import (
     render_chat_pieces,
     token_stats,
 )
+from training.decoding.engine import Media
 
 # FlashAttentionKwargs of a packed row: the language model's example bounds, which the tower must not read
 PACKED_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
@@ -129,27 +130,53 @@ def tokenize_row(row: dict[str, Any], proc: Processor, train_on_inputs: bool = F
     """One chat row's ids, labels, pixel values, grids and 3-D positions (see the module doc)."""
     from training.data import INPUT, TARGET
 
-    images = row_images(row["messages"])
-    if images:
-        inputs = proc.images(images=images, return_tensors="pt")
-        pixels, grid = inputs["pixel_values"], inputs["image_grid_thw"].long()
-    else:
-        pixels, grid = torch.zeros((0, 0)), torch.zeros((0, 3), dtype=torch.long)
-    widths = iter((grid.prod(-1) // proc.merge_size**2).tolist())
+    pixels, grid = _pixels(row_images(row["messages"]), proc)
     trained = {TARGET} | ({INPUT} if train_on_inputs else set())
+    pieces = render_chat_pieces(_template_messages(row["messages"]), proc.tokenizer, row_tools(row))
+    ids, labels = _widened(pieces, grid, proc, trained)
+    positions = mrope_positions(ids, grid, proc.image_token_id, proc.merge_size)
+    return VisionTokenized(ids, labels, pixels, grid, positions)
+
+
+def prompt_inputs(
+    messages: list[dict[str, Any]], proc: Processor, tools: Sequence[dict[str, Any]] = ()
+) -> tuple[list[int], Media]:
+    """A chat request's prompt on a vision-language base, built as training builds a row (tokenize_row):
+    the ids of its messages and the generation prompt (inference.prompt's rule: the conversation with an
+    empty reply, whose piece is dropped), its images' pixels and grids, its 3-D positions."""
+    from training.data import TARGET
+
+    pixels, grid = _pixels(row_images(messages), proc)
+    reply = [*messages, {"role": "assistant", "content": ""}]
+    pieces = render_chat_pieces(_template_messages(reply), proc.tokenizer, list(tools) or None)
+    if pieces and pieces[-1][1] == TARGET:
+        pieces = pieces[:-1]
+    ids, _ = _widened(pieces, grid, proc, set())
+    return ids, Media(pixels, grid, mrope_positions(ids, grid, proc.image_token_id, proc.merge_size))
+
+
+def _pixels(images: list[Any], proc: Processor) -> tuple[torch.Tensor, torch.Tensor]:
+    if not images:
+        return torch.zeros((0, 0)), torch.zeros((0, 3), dtype=torch.long)
+    inputs = proc.images(images=images, return_tensors="pt")
+    return inputs["pixel_values"], inputs["image_grid_thw"].long()
+
+
+def _widened(
+    pieces: list[tuple[list[int], str]], grid: torch.Tensor, proc: Processor, trained: set[str]
+) -> tuple[list[int], list[int]]:
+    """The pieces' ids with each <|image_pad|> widened to its image's tokens, and their labels."""
+    widths = iter((grid.prod(-1) // proc.merge_size**2).tolist())
     ids: list[int] = []
     labels: list[int] = []
-    for piece, kind in render_chat_pieces(
-        _template_messages(row["messages"]), proc.tokenizer, row_tools(row)
-    ):
+    for piece, kind in pieces:
         for t in piece:
             run = [t] * next(widths) if t == proc.image_token_id else [t]
             ids += run
             labels += run if kind in trained and t != proc.image_token_id else [-100] * len(run)
     if next(widths, None) is not None:
         raise DatasetError("the model's chat template dropped an image part (no <|image_pad|> for it)")
-    positions = mrope_positions(ids, grid, proc.image_token_id, proc.merge_size)
-    return VisionTokenized(ids, labels, pixels, grid, positions)
+    return ids, labels
 
 
 def mrope_positions(ids: list[int], grid: torch.Tensor, image_id: int, merge: int) -> torch.Tensor:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 
 from training.decoding import sampling
 from training.decoding.constraint import Constraint
@@ -47,6 +48,21 @@ class Completion:
         return len(self.token_ids)
 
 
+@dataclass(frozen=True)
+class Media:
+    """A prompt's images as a vision-language model reads them (Qwen2.5-VL): its image processor's pixel
+    values and grids, and the prompt's 3-D rotary positions [3, prompt tokens] (training.vision)."""
+
+    pixel_values: torch.Tensor
+    image_grid_thw: torch.Tensor
+    positions: torch.Tensor
+
+    @property
+    def delta(self) -> int:
+        """The position of a token after the prompt less its index (images take fewer positions)."""
+        return int(self.positions.max()) + 1 - self.positions.shape[1] if self.positions.numel() else 0
+
+
 @dataclass(kw_only=True, eq=False)
 class Row:
     """One sequence the engine decodes (a caller may subclass it to carry its own fields)."""
@@ -60,6 +76,7 @@ class Row:
     on_finish: Callable[[Row], None] | None = None  # called once it has ended
     logprobs: list[float] | None = None  # [] to ask: each chosen token's log-probability (no warper)
     constraint: Constraint | None = None  # a grammar its text keeps to (training.decoding.constraint)
+    position_delta: int | None = None  # set: 3-D rotary positions (a vision-language model), this offset
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" or "length" once it has ended
 
@@ -104,10 +121,17 @@ class Decoder:
     def running(self) -> bool:
         return any(not row.done for row in self.rows)
 
-    def prefill(self, prompts: Sequence[Sequence[int]], rows: Sequence[Sequence[Row]]) -> None:
+    def prefill(
+        self,
+        prompts: Sequence[Sequence[int]],
+        rows: Sequence[Sequence[Row]],
+        media: Sequence[Media | None] | None = None,
+    ) -> None:
         """One forward over `prompts` (left-padded to the longest): the rows of each (rows[i] continue
         prompts[i]) take their first token from its logits; those still going join the batch (a fixed
-        batch's rows all join). With one draw for the batch a prompt has one row: repeat it for more."""
+        batch's rows all join). With one draw for the batch a prompt has one row: repeat it for more.
+        `media`: each prompt's images (a vision-language model: every prompt of its batches has an entry,
+        None for one without images)."""
         flat = [row for group in rows for row in group]
         if self.fixed and self.rows:
             raise ValueError("a fixed batch is prefilled once")
@@ -122,12 +146,15 @@ class Decoder:
         mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], dtype=torch.long, device=device)
         longest = max(_max_tokens(row) for row in flat)
         cache = new_cache(hf_model(self.model), width + longest - 1 if self._static else None)
+        inputs: dict[str, Any] = {"position_ids": (mask.cumsum(1) - 1).clamp(min=0)}
+        if media is not None:
+            inputs = self._media_inputs(media, lengths, rows, device)
         logits = self._forward(
             [group[0].adapter for group in rows],
             input_ids=torch.tensor(ids, dtype=torch.long, device=device),
             attention_mask=mask if min(lengths) < width else None,  # none without padding, as generate()
-            position_ids=(mask.cumsum(1) - 1).clamp(min=0),
             cache=cache,
+            **inputs,
         )
         sources = [i for i, group in enumerate(rows) for _ in group]
         if sources != list(range(len(prompts))):
@@ -144,6 +171,26 @@ class Decoder:
         if self._static and self._compiled is None:
             self._compiled = compiled_step(hf_model(self.model))
 
+    def _media_inputs(
+        self, media: Sequence[Media | None], lengths: list[int], rows: Sequence[Sequence[Row]], device: Any
+    ) -> dict[str, torch.Tensor]:
+        """A vision-language prefill's inputs: the images' pixels and grids, and 3-D positions [3, rows,
+        width] (each prompt's, left-padded); each row keeps its prompt's position delta for its steps."""
+        width, out = max(lengths), {}
+        positions = []
+        for m, n, group in zip(media, lengths, rows, strict=True):
+            own = m.positions if m is not None else torch.arange(n).expand(3, n)
+            positions.append(F.pad(own, (width - n, 0)))
+            for row in group:
+                row.position_delta = m.delta if m is not None else 0
+        pictured = [m for m in media if m is not None and m.image_grid_thw.numel()]
+        if pictured:
+            dtype = next(self.model.parameters()).dtype
+            out["pixel_values"] = torch.cat([m.pixel_values for m in pictured]).to(device, dtype)
+            out["image_grid_thw"] = torch.cat([m.image_grid_thw for m in pictured]).to(device)
+        out["position_ids"] = torch.stack(positions, dim=1).to(device)
+        return out
+
     def step(self) -> None:
         """One token for every running row. Rows ended from outside since their last token finish first,
         as they stand; rows that end leave the batch (a fixed batch's stay, fed padding, until all end)."""
@@ -155,6 +202,9 @@ class Decoder:
             return
         rows, cache = self.rows, self._cache
         mask, positions = cache.step_inputs()
+        if any(row.position_delta is not None for row in rows):  # 3-D rotary positions, text's
+            deltas = torch.tensor([row.position_delta or 0 for row in rows], device=positions.device)
+            positions = (positions + deltas[:, None]).unsqueeze(0).expand(3, -1, -1)
         ids = [[self.pad if row.done else row.tokens[-1]] for row in rows]
         logits = self._forward(
             [row.adapter for row in rows],
@@ -221,7 +271,7 @@ class Decoder:
                 rows[i].logprobs.append(values[i])  # type: ignore[union-attr]
         return tokens
 
-    def _forward(self, slots: Sequence[str], step: bool = False, **inputs: Any) -> torch.Tensor:
+    def _forward(self, slots: Sequence[str], *, step: bool = False, **inputs: Any) -> torch.Tensor:
         """The model's last-position logits (float32) for these rows, as generate() calls the model."""
         inputs |= {"use_cache": True, "logits_to_keep": 1}
         if self._adapters is not None:
@@ -243,12 +293,14 @@ def decode(
     *,
     pad: int = 0,
     static_cache: bool = False,
+    media: Sequence[Media | None] | None = None,
 ) -> None:
     """A fixed batch decoded to its end: rows[i] continues prompts[i] (a prompt repeated for several rows),
     every row with the same sampling, one draw for the batch from torch's generator on the model's device:
-    transformers' generate() of the left-padded prompts, step for step. The rows hold the results."""
+    transformers' generate() of the left-padded prompts, step for step. The rows hold the results.
+    `media`: the prompts' images, for a vision-language model (Decoder.prefill)."""
     decoder = Decoder(model, fixed=True, draws="batch", static_cache=static_cache, pad=pad)
-    decoder.prefill(prompts, [[row] for row in rows])
+    decoder.prefill(prompts, [[row] for row in rows], media)
     while decoder.running:
         decoder.step()
 
