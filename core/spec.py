@@ -3,42 +3,54 @@
 A flat JSON object a curl user can write by hand. Every field but the first two has a default;
 unknown fields are refused and every problem is reported at once (pydantic collects them).
 
-Bounds are what a sane LoRA/QLoRA job can use, so a typo (lr 2, rank 100000) is a 422 and not a
-worker busy for days or a planner asked about absurd sizes:
-- lora_r <= 512: beyond that an adapter costs about what the full fine-tune does; use method full.
-- max_seq_len <= 131072 (128k tokens), micro_batch_size <= 512, gradient_accumulation_steps <= 1024,
-  examples_per_step <= 524288.
-- epochs <= 100, max_steps <= 1,000,000, warmup_steps <= 100,000.
-- keep_checkpoints <= 100: each is the adapter and its optimizer state; all count in the storage quota.
-- learning_rate in (0, 0.1]: AdamW diverges well below 0.1; LoRA typically uses 1e-5 .. 1e-3.
-- weight_decay <= 1, max_grad_norm <= 1000, lora_dropout < 0.9, num_gpus <= 256.
-- at most 64 target modules; no NaN or infinity anywhere (they are not JSON either).
-- before/after samples: at most 32 prompts of at most 4000 characters (16 messages), 1-512 new tokens.
+Each field is declared here once: its group (core.spec_groups: `Annotated[int, LORA]`), default, bounds
+and description. The views (spec.lora, spec.rl, ...), the JSON schema of the OpenAPI document and
+docs/job_spec.md (`python -m core.spec_doc > docs/job_spec.md`) come from that declaration; the
+dashboard's new-job form is checked against it (tests/api/test_dashboard_defaults.py).
 
-Code reads the fields of one idea through its group (core.spec_groups): spec.lora, spec.optim, spec.data,
-spec.batch, spec.preference, spec.rl, spec.samples, spec.placement, typed views that hold the checks
-across fields and the values derived from them (the effective batch, whether a reference policy runs, ...).
+Bounds are what a sane LoRA/QLoRA job can use, so a typo (lr 2, rank 100000) is a 422 and not a
+worker busy for days or a planner asked about absurd sizes; no NaN or infinity anywhere (they are not
+JSON either). Before/after samples: at most MAX_SAMPLE_PROMPTS prompts of at most MAX_SAMPLE_CHARS
+characters (MAX_SAMPLE_MESSAGES messages).
+
+Code reads the fields of one idea through its group: spec.lora, spec.optim, spec.data, spec.batch,
+spec.preference, spec.rl, spec.samples, spec.placement, typed views that hold the checks across fields
+and the values derived from them (the effective batch, whether a reference policy runs, ...).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Callable, Mapping
+from functools import cache
+from operator import attrgetter
+from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from core.spec_groups import (
-    DPO_FIELDS,
-    GRPO_DEFAULTS,
+    BATCH,
+    DATA,
+    GROUPS,
+    LORA,
     MAX_SAMPLE_CHARS,
     MAX_SAMPLE_MESSAGES,
     MAX_SAMPLE_PROMPTS,
     MODULE_NAME_RE,
+    OPTIM,
+    PLACEMENT,
+    PREFERENCE,
+    RL,
+    RUN,
     SAMPLE_ROLES,
-    SFT,
+    SAMPLES,
     AttnImpl,
     BatchArgs,
     DataArgs,
+    Group,
+    GrpoDefault,
     ImportanceLevel,
     LoraArgs,
     LossType,
@@ -57,10 +69,12 @@ from core.spec_groups import (
     ScaleRewards,
     Scheduler,
     TorchDtype,
+    V,
 )
 
 __all__ = [
     "DPO_FIELDS",
+    "GROUPS",
     "ID_RE",
     "MAX_SAMPLE_CHARS",
     "MAX_SAMPLE_MESSAGES",
@@ -88,6 +102,9 @@ __all__ = [
     "SamplePrompt",
     "Scheduler",
     "TorchDtype",
+    "group_defaults",
+    "group_of",
+    "limits",
 ]
 
 # Base model names: a local directory name or a hub-style "org/name" id. Never a path.
@@ -98,22 +115,46 @@ ID_RE = re.compile(r"^[a-z0-9]{8,64}$")
 class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    base_model: str = Field(description="Name of a local base model (see GET /models).")
-    dataset_id: str = Field(description="Id of an uploaded, valid dataset.")
+    base_model: Annotated[str, RUN] = Field(description="Name of a local base model (see GET /models).")
+    dataset_id: Annotated[str, DATA] = Field(description="Id of an uploaded, valid dataset.")
 
-    method: Method = Field(
+    method: Annotated[Method, LORA] = Field(
         "lora", description="lora, qlora (4-bit NF4 base) or full (planned only, not trained)."
     )
-    lora_r: int = Field(16, ge=1, le=512)
-    lora_alpha: float = Field(32, gt=0, le=2048)
-    lora_dropout: float = Field(0.05, ge=0, lt=0.9)
-    lora_target_modules: Annotated[list[str], Field(max_length=64)] | Literal["all-linear"] = "all-linear"
+    lora_r: Annotated[int, LORA] = Field(
+        16,
+        ge=1,
+        le=512,
+        description="The adapter's rank; past 512 an adapter costs about what the full fine-tune does.",
+    )
+    lora_alpha: Annotated[float, LORA] = Field(
+        32,
+        gt=0,
+        le=2048,
+        description="The adapter's scale: its product is multiplied by lora_alpha / lora_r.",
+    )
+    lora_dropout: Annotated[float, LORA] = Field(
+        0.05, ge=0, lt=0.9, description="Dropout on the adapter's input while training."
+    )
+    lora_target_modules: Annotated[
+        Annotated[list[str], Field(max_length=64)] | Literal["all-linear"], LORA
+    ] = Field(
+        "all-linear",
+        description="Names of the modules to adapt, or all-linear: the blocks' linear layers (not the "
+        "output head, not a mixture's experts).",
+    )
 
-    epochs: int = Field(1, ge=1, le=100)
-    max_steps: int | None = Field(None, ge=1, le=1_000_000, description="Overrides epochs when set.")
-    micro_batch_size: int = Field(4, ge=1, le=512)
-    gradient_accumulation_steps: int = Field(1, ge=1, le=1024)
-    examples_per_step: int | None = Field(
+    epochs: Annotated[int, RUN] = Field(1, ge=1, le=100, description="Passes over the training data.")
+    max_steps: Annotated[int | None, RUN] = Field(
+        None, ge=1, le=1_000_000, description="Overrides epochs when set."
+    )
+    micro_batch_size: Annotated[int, BATCH] = Field(
+        4, ge=1, le=512, description="Rows in one forward and backward pass on one GPU."
+    )
+    gradient_accumulation_steps: Annotated[int, BATCH] = Field(
+        1, ge=1, le=1024, description="Micro-batches each GPU accumulates into one optimizer step."
+    )
+    examples_per_step: Annotated[int | None, BATCH] = Field(
         None,
         ge=1,
         le=512 * 1024,
@@ -123,60 +164,66 @@ class JobSpec(BaseModel):
         "null: a step is micro_batch_size x gradient_accumulation_steps x num_gpus rows (packed: rows of "
         "many examples). /v1's batch_size sets it.",
     )
-    max_seq_len: int = Field(512, ge=8, le=131_072)
-    over_length: OverLength = Field(
+    max_seq_len: Annotated[int, DATA] = Field(
+        512,
+        ge=8,
+        le=131_072,
+        description="Tokens of a sequence at most (each side of a dpo pair; grpo: prompt and completion).",
+    )
+    over_length: Annotated[OverLength, DATA] = Field(
         "truncate", description="Examples longer than max_seq_len: truncate them, or drop them."
     )
-    train_on_inputs: bool = Field(
+    train_on_inputs: Annotated[bool, DATA] = Field(
         False,
         description="Train on the inputs too (system and user turns, instruction, prompt, template markup); "
         "false: only on replies and completions. Assistant turns with weight 0 are never trained.",
     )
-    packing: bool = Field(
+    packing: Annotated[bool, BATCH] = Field(
         True,
         description="Pack examples into padding-free micro-batches of up to micro_batch_size * max_seq_len "
         "tokens, attention per example; false: padded, length-grouped micro-batches of micro_batch_size.",
     )
 
-    # Preference tuning (README "Preference tuning (DPO)"): the objective, its loss and its reference.
-    # The defaults are PreferenceArgs' (SFT), which the check of dpo-only fields compares with.
-    objective: Objective = Field(
-        SFT.objective,
+    # Preference tuning (docs/training.md): the objective, its loss and its reference.
+    objective: Annotated[Objective, PREFERENCE] = Field(
+        "sft",
         description="sft: next-token loss on the targets; dpo: preference pairs (a preference dataset); "
         "grpo: reinforcement fine-tuning on prompts (a reinforcement dataset) scored by `grader`.",
     )
-    beta: float = Field(
-        SFT.beta,
+    beta: Annotated[float, PREFERENCE, GrpoDefault(0.0)] = Field(
+        0.1,
         ge=0,
         le=100,
         description="dpo: how far from the reference (sigmoid, simpo), IPO's tau (ipo); > 0. grpo: the "
         "weight of the KL term to the reference (default 0: none).",
     )
-    loss_type: LossType = Field(
-        SFT.loss_type,
+    loss_type: Annotated[LossType, PREFERENCE, GrpoDefault("dapo")] = Field(
+        "sigmoid",
         description="dpo: sigmoid (the DPO paper), ipo, or simpo (reference-free, length-normalised). grpo: "
         "grpo, bnpo, dr_grpo or dapo (the default), as TRL's GRPOTrainer names them.",
     )
-    simpo_gamma: float = Field(
-        SFT.simpo_gamma, ge=0, le=100, description="simpo: the target reward margin gamma."
+    simpo_gamma: Annotated[float, PREFERENCE] = Field(
+        0.5, ge=0, le=100, description="simpo: the target reward margin gamma."
     )
-    rpo_alpha: float = Field(
-        SFT.rpo_alpha,
+    rpo_alpha: Annotated[float, PREFERENCE] = Field(
+        0.0,
         ge=0,
         le=100,
         description="dpo: weight of an added NLL term on the chosen completions (RPO).",
     )
-    # Reinforcement fine-tuning (README "Reinforcement fine-tuning"): objective grpo's rollouts and clipping.
-    grader: dict[str, Any] | None = Field(
+    # Reinforcement fine-tuning (docs/training.md): objective grpo's rollouts and clipping.
+    grader: Annotated[dict[str, Any] | None, RL] = Field(
         None,
         description="grpo: OpenAI's grader JSON (string_check, text_similarity, python, score_model, multi) "
         "that scores each sampled completion against its dataset row.",
     )
-    num_generations: int = Field(
+    num_generations: Annotated[int, RL] = Field(
         4, ge=2, le=64, description="grpo: completions sampled per prompt (a group)."
     )
-    temperature: float = Field(1.0, gt=0, le=2, description="grpo: the sampling temperature of rollouts.")
-    rollout_batch_size: int | None = Field(
+    temperature: Annotated[float, RL] = Field(
+        1.0, gt=0, le=2, description="grpo: the sampling temperature of rollouts."
+    )
+    rollout_batch_size: Annotated[int | None, RL] = Field(
         None,
         ge=1,
         le=4096,
@@ -184,29 +231,31 @@ class JobSpec(BaseModel):
         "answers; null: all of a step's prompts (micro_batch_size x gradient_accumulation_steps), as TRL "
         "samples a step's batch at once. Smaller: less KV cache, more decoding steps.",
     )
-    max_completion_tokens: int = Field(
+    max_completion_tokens: Annotated[int, RL] = Field(
         64, ge=1, le=8192, description="grpo: new tokens per sampled completion at most."
     )
-    epsilon: float = Field(0.2, gt=0, le=1, description="grpo: the ratio's lower clip, 1 - epsilon.")
-    epsilon_high: float | None = Field(
+    epsilon: Annotated[float, RL] = Field(
+        0.2, gt=0, le=1, description="grpo: the ratio's lower clip, 1 - epsilon."
+    )
+    epsilon_high: Annotated[float | None, RL] = Field(
         None, gt=0, le=10, description="grpo: the ratio's upper clip, 1 + epsilon_high (default epsilon)."
     )
-    scale_rewards: ScaleRewards = Field(
+    scale_rewards: Annotated[ScaleRewards, RL] = Field(
         "group",
         description="grpo: advantages divided by the std of the group's rewards, the batch's, or none.",
     )
-    importance_sampling_level: ImportanceLevel = Field(
+    importance_sampling_level: Annotated[ImportanceLevel, RL] = Field(
         "token", description="grpo: importance ratios per token, or per sequence (GSPO)."
     )
-    eval_samples: int | None = Field(
+    eval_samples: Annotated[int | None, RL] = Field(
         None, ge=1, le=100_000, description="grpo: validation prompts graded at each evaluation (all: null)."
     )
-    init_from: str | None = Field(
+    init_from: Annotated[str | None, LORA] = Field(
         None,
         description="Continue from the adapter of an earlier succeeded job of the same tenant and base "
         "model (its id); with dpo that adapter, frozen, is also the reference policy.",
     )
-    init_from_step: int | None = Field(
+    init_from_step: Annotated[int | None, LORA] = Field(
         None,
         ge=1,
         le=1_000_000,
@@ -214,53 +263,82 @@ class JobSpec(BaseModel):
         "instead of its final adapter.",
     )
 
-    learning_rate: float = Field(2e-4, gt=0, le=0.1)
-    lr_scheduler: Scheduler = "linear"
-    warmup_steps: int = Field(0, ge=0, le=100_000)
-    warmup_ratio: float | None = Field(
+    learning_rate: Annotated[float, OPTIM] = Field(
+        2e-4,
+        gt=0,
+        le=0.1,
+        description="The peak learning rate; AdamW diverges well below 0.1, LoRA mostly uses 1e-5 to 1e-3.",
+    )
+    lr_scheduler: Annotated[Scheduler, OPTIM] = Field(
+        "linear", description="After warmup: constant, or linear or half-cosine decay to 0 at the last step."
+    )
+    warmup_steps: Annotated[int, OPTIM] = Field(
+        0, ge=0, le=100_000, description="Optimizer steps of linear warmup to the learning rate."
+    )
+    warmup_ratio: Annotated[float | None, OPTIM] = Field(
         None, ge=0, lt=1, description="Warmup as a fraction of the total steps; overrides warmup_steps."
     )
-    weight_decay: float = Field(0.0, ge=0, le=1)
-    max_grad_norm: float | None = Field(
+    weight_decay: Annotated[float, OPTIM] = Field(
+        0.0, ge=0, le=1, description="AdamW's decoupled weight decay."
+    )
+    max_grad_norm: Annotated[float | None, OPTIM] = Field(
         1.0, gt=0, le=1000, description="Clip gradients to this norm; null: off."
     )
-    optimizer: Optimizer = "adamw"
-    seed: int = Field(42, ge=0, le=2**32 - 1)
+    optimizer: Annotated[Optimizer, OPTIM] = Field(
+        "adamw", description="adamw (torch's), or bitsandbytes' adamw_8bit or paged_adamw_8bit."
+    )
+    seed: Annotated[int, RUN] = Field(
+        42,
+        ge=0,
+        le=2**32 - 1,
+        description="Seeds the data order, the validation split, dropout and sampling.",
+    )
 
     # Evaluation on a held-out split: a fraction of the training file, or a second uploaded dataset.
-    validation_fraction: float = Field(0.0, ge=0, le=0.5, description="Hold out this share for eval.")
-    validation_dataset_id: str | None = Field(None, description="A valid dataset to evaluate on.")
-    eval_every_steps: int = Field(
+    validation_fraction: Annotated[float, DATA] = Field(
+        0.0, ge=0, le=0.5, description="Hold out this share for eval."
+    )
+    validation_dataset_id: Annotated[str | None, DATA] = Field(
+        None, description="A valid dataset to evaluate on."
+    )
+    eval_every_steps: Annotated[int, DATA] = Field(
         0, ge=0, le=1_000_000, description="0: evaluate at each epoch end and at the end."
     )
-    early_stopping_patience: int | None = Field(
+    early_stopping_patience: Annotated[int | None, DATA] = Field(
         None, ge=1, le=1000, description="Stop after this many evaluations without a better eval loss."
     )
-    early_stopping_min_delta: float = Field(
+    early_stopping_min_delta: Annotated[float, DATA] = Field(
         0.0, ge=0, le=1000, description="Smallest eval-loss drop that counts."
     )
-    export: Literal["adapter", "merged"] = Field(
+    export: Annotated[Literal["adapter", "merged"], RUN] = Field(
         "adapter", description="merged: also export the base model with the adapter merged in."
     )
 
-    # Before/after samples (README "Samples before and after"): greedy completions of the base (adapter
-    # disabled) and of the tuned model. Off by default: sampling adds generation time to every job and
-    # its KV cache is not in the plan, so a job pays for it only when asked.
-    sample_prompts: int | list[SamplePrompt] = Field(
+    # Before/after samples (docs/training.md): greedy completions of the base (adapter disabled) and of
+    # the tuned model. Off by default: sampling adds generation time to every job and its KV cache is not
+    # in the plan, so a job pays for it only when asked.
+    sample_prompts: Annotated[int | list[SamplePrompt], SAMPLES] = Field(
         0,
         description="N (0-32): up to N prompts from the validation split (without one, the training "
         "file's first examples); or a list of up to 32 prompts, each a string or a list of chat messages "
         "ending with a user turn. 0: no samples.",
     )
-    sample_max_tokens: int = Field(64, ge=1, le=512, description="New tokens per sample completion.")
-    sample_at_eval: bool = Field(
+    sample_max_tokens: Annotated[int, SAMPLES] = Field(
+        64, ge=1, le=512, description="New tokens per sample completion."
+    )
+    sample_at_eval: Annotated[bool, SAMPLES] = Field(
         False, description="Also sample at each evaluation (needs validation); false: at the end only."
     )
 
-    # None means the method's default: on for qlora, off otherwise.
-    gradient_checkpointing: bool | None = None
-    checkpoint_every_steps: int = Field(50, ge=0, le=1_000_000, description="0: only at the end.")
-    keep_checkpoints: int = Field(
+    gradient_checkpointing: Annotated[bool | None, PLACEMENT] = Field(
+        None,
+        description="Recompute activations in the backward pass (less memory, more time); null: on for "
+        "qlora, off otherwise.",
+    )
+    checkpoint_every_steps: Annotated[int, RUN] = Field(
+        50, ge=0, le=1_000_000, description="0: only at the end."
+    )
+    keep_checkpoints: Annotated[int, RUN] = Field(
         3,
         ge=1,
         le=100,
@@ -268,12 +346,22 @@ class JobSpec(BaseModel):
         "tenant's storage quota.",
     )
 
-    torch_dtype: TorchDtype = Field("auto", description="Storage dtype of unquantized base weights.")
-    mixed_precision: MixedPrecision = Field("auto", description="auto: bf16 on a GPU, off on a CPU.")
-    master_weights: bool = Field(False, description="Keep fp32 master copies (full fine-tune).")
-    attn_implementation: AttnImpl = "sdpa"
-    num_gpus: int = Field(1, ge=1, le=256)
-    priority: int = Field(
+    torch_dtype: Annotated[TorchDtype, PLACEMENT] = Field(
+        "auto", description="Storage dtype of unquantized base weights."
+    )
+    mixed_precision: Annotated[MixedPrecision, PLACEMENT] = Field(
+        "auto", description="auto: bf16 on a GPU, off on a CPU."
+    )
+    master_weights: Annotated[bool, PLACEMENT] = Field(
+        False, description="Keep fp32 master copies (full fine-tune)."
+    )
+    attn_implementation: Annotated[AttnImpl, PLACEMENT] = Field(
+        "sdpa", description="The attention kernel: torch's sdpa, eager, or flash_attention_2."
+    )
+    num_gpus: Annotated[int, PLACEMENT] = Field(
+        1, ge=1, le=256, description="GPUs the job runs on; over one, FSDP2 shards it across them."
+    )
+    priority: Annotated[int, RUN] = Field(
         0, ge=-100, le=100, description="Order among this tenant's own queued jobs: higher first, then FIFO."
     )
 
@@ -343,107 +431,51 @@ class JobSpec(BaseModel):
     def _groups(self) -> JobSpec:
         self.lora.check()
         self.samples.check(has_validation=self.data.has_validation)
-        self.preference.check(train_on_inputs=self.train_on_inputs)
-        self.rl.check(defaults=RL_DEFAULTS)
+        self.preference.check(train_on_inputs=self.train_on_inputs, defaults=group_defaults(PREFERENCE))
+        self.rl.check(defaults=group_defaults(RL))
         self.data.check()
         return self
 
-    # The groups (core.spec_groups): read-only views of the fields above, built on each access.
+    # The groups (core.spec_groups): read-only views of the fields above, built on each access; what a
+    # view holds beyond its group's fields and others' by name is derived here.
+
+    def _view(self, group: Group[V], **derived: Any) -> V:
+        assert group.view is not None
+        names, read = _view_sources(group)
+        return group.view(**{**dict(zip(names, read(self), strict=True)), **derived})  # derived wins
 
     @property
     def lora(self) -> LoraArgs:
-        return LoraArgs(
-            method=self.method,
-            r=self.lora_r,
-            alpha=self.lora_alpha,
-            dropout=self.lora_dropout,
-            target_modules=self.lora_target_modules,
-            init_from=self.init_from,
-            init_from_step=self.init_from_step,
-        )
+        return self._view(LORA)
 
     @property
     def optim(self) -> OptimArgs:
-        return OptimArgs(
-            optimizer=self.optimizer,
-            learning_rate=self.learning_rate,
-            lr_scheduler=self.lr_scheduler,
-            warmup_steps=self.warmup_steps,
-            warmup_ratio=self.warmup_ratio,
-            weight_decay=self.weight_decay,
-            max_grad_norm=self.max_grad_norm,
-        )
+        return self._view(OPTIM)
 
     @property
     def data(self) -> DataArgs:
-        return DataArgs(
-            dataset_id=self.dataset_id,
-            validation_dataset_id=self.validation_dataset_id,
-            validation_fraction=self.validation_fraction,
-            eval_every_steps=self.eval_every_steps,
-            early_stopping_patience=self.early_stopping_patience,
-            early_stopping_min_delta=self.early_stopping_min_delta,
-            max_seq_len=self.max_seq_len,
-            over_length=self.over_length,
-            train_on_inputs=self.train_on_inputs,
-        )
+        return self._view(DATA)
 
     @property
     def batch(self) -> BatchArgs:
-        return BatchArgs(
-            micro_batch_size=self.micro_batch_size,
-            gradient_accumulation_steps=self.gradient_accumulation_steps,
-            num_gpus=self.num_gpus,
-            max_seq_len=self.max_seq_len,
-            packing=self.packing and self.objective != "grpo",  # grpo: a row is a prompt (RLArgs)
-            sequences_per_example=self.sequences_per_example,
-            examples_per_step=self.examples_per_step,
-        )
+        packing = self.packing and self.objective != "grpo"  # grpo: a row is a prompt (RLArgs)
+        return self._view(BATCH, packing=packing, sequences_per_example=self.sequences_per_example)
 
     @property
     def preference(self) -> PreferenceArgs:
-        return PreferenceArgs(
-            objective=self.objective,
-            beta=self.beta,
-            loss_type=self.loss_type,
-            simpo_gamma=self.simpo_gamma,
-            rpo_alpha=self.rpo_alpha,
-        )
+        return self._view(PREFERENCE)
 
     @property
     def rl(self) -> RLArgs:
-        return RLArgs(
-            objective=self.objective,
-            grader=self.grader,
-            num_generations=self.num_generations,
-            temperature=self.temperature,
-            rollout_batch_size=self.rollout_batch_size,
-            max_completion_tokens=self.max_completion_tokens,
-            epsilon=self.epsilon,
-            epsilon_high=self.epsilon_high,
-            scale_rewards=self.scale_rewards,
-            importance_sampling_level=self.importance_sampling_level,
-            eval_samples=self.eval_samples,
-            max_seq_len=self.max_seq_len,
-            step_prompts=self.batch.step_size,
-        )
+        return self._view(RL, step_prompts=self.batch.step_size)
 
     @property
     def samples(self) -> SampleArgs:
-        return SampleArgs(
-            prompts=self.sample_prompts, max_tokens=self.sample_max_tokens, at_eval=self.sample_at_eval
-        )
+        return self._view(SAMPLES)
 
     @property
     def placement(self) -> PlacementArgs:
-        return PlacementArgs(
-            num_gpus=self.num_gpus,
-            torch_dtype=self.torch_dtype,
-            mixed_precision=self.mixed_precision,
-            master_weights=self.master_weights,
-            attn_implementation=self.attn_implementation,
-            gradient_checkpointing=bool(self.gradient_checkpointing),
-        )
+        return self._view(PLACEMENT, gradient_checkpointing=bool(self.gradient_checkpointing))
 
     # Shorthands for the edges (the API, the database layer), each one of a group's values.
 
@@ -471,10 +503,51 @@ class JobSpec(BaseModel):
         return self.batch.effective_size
 
 
-# The rl group of a spec with every field at its default: what sft and dpo must leave unchanged.
-RL_DEFAULTS = RLArgs(
-    objective="sft",
-    **{f: JobSpec.model_fields[f].default for f in RLArgs.FIELDS},
-    max_seq_len=JobSpec.model_fields["max_seq_len"].default,
-    step_prompts=JobSpec.model_fields["micro_batch_size"].default,  # unused: sft and dpo sample nothing
-)
+def group_of(name: str) -> Group[Any]:
+    """The group a JobSpec field is declared in."""
+    (group,) = (m for m in JobSpec.model_fields[name].metadata if isinstance(m, Group))
+    return group
+
+
+@cache
+def group_defaults(group: Group[Any]) -> Mapping[str, Any]:
+    """The group's own fields at their defaults, by their names in its view, in declaration order: the
+    values the checks of objectives that do not use them compare with."""
+    return MappingProxyType(
+        {
+            name.removeprefix(group.prefix): f.default
+            for name, f in JobSpec.model_fields.items()
+            if group_of(name) == group
+        }
+    )
+
+
+@cache
+def _view_sources(group: Group[Any]) -> tuple[tuple[str, ...], Callable[[JobSpec], tuple[Any, ...]]]:
+    """The view fields read as is, and a reader of their values: the group's own fields less its prefix,
+    and another group's field under its own name. The rest (derived) the view's property passes."""
+    assert group.view is not None
+    own = {flat.removeprefix(group.prefix): flat for flat in JobSpec.model_fields if group_of(flat) == group}
+    names = [f.name for f in dataclasses.fields(group.view)]
+    pairs = [(n, own.get(n, n)) for n in names if n in own or n in JobSpec.model_fields]
+    assert len(pairs) > 1  # attrgetter of one name returns the value, not a tuple
+    return tuple(n for n, _ in pairs), attrgetter(*(flat for _, flat in pairs))
+
+
+def limits(name: str) -> dict[str, Any]:
+    """A field's numeric bounds as Field keywords (ge, gt, le, lt), for a surface that renames the field."""
+    out: dict[str, Any] = {}
+    for m in JobSpec.model_fields[name].metadata:
+        out |= {k: getattr(m, k) for k in ("ge", "gt", "le", "lt") if getattr(m, k, None) is not None}
+    return out
+
+
+# grpo's own defaults where they differ (GrpoDefault on the declaration).
+GRPO_DEFAULTS = {
+    name: m.value
+    for name, f in JobSpec.model_fields.items()
+    for m in f.metadata
+    if isinstance(m, GrpoDefault)
+}
+# The preference fields other than the objective: dpo's (beta and loss_type grpo's too).
+DPO_FIELDS = tuple(f for f in group_defaults(PREFERENCE) if f != "objective")

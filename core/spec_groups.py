@@ -13,17 +13,22 @@ TrainArgs and EvalArgs group a training script's arguments:
   spec.samples     SampleArgs: before/after sample prompts
   spec.placement   PlacementArgs: devices, precision, attention, activation checkpointing
 
-A view is built from the spec's fields on each access (a frozen dataclass; the spec stays the one
-store). Per-field bounds stay on the flat fields, where the JSON schema shows them; the checks that
-read more than one field live here, and JobSpec's validators call them in a fixed order, so a spec
-with several problems reports the same first one, with the same message at the same loc, as before.
+Each field is declared once, on JobSpec, with its group (`Annotated[int, LORA]`, the groups at the end of
+this module), default, bounds and description; docs/job_spec.md is generated from that declaration
+(core.spec_doc). A view is built from the spec's fields on each access (a frozen dataclass; the spec stays
+the one store): a view field is its group's field less the group's prefix (LORA's `lora_r` is `r`), or a
+field of another group under its own name (borrowed: BatchArgs' max_seq_len), or a value JobSpec derives.
+A view's fields restate only the types, for the type checker; tests/core/test_spec_declaration.py fails
+when they drift from the declaration. The checks that read more than one field live here, and JobSpec's
+validators call them in a fixed order, so a spec with several problems reports the same first one.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -206,18 +211,14 @@ class BatchArgs:
 class PreferenceArgs:
     """The objective and its loss: sft (next-token loss on the targets); dpo on preference pairs with
     DPO's loss (sigmoid, ipo, or the reference-free simpo) and an optional NLL term (rpo_alpha); grpo
-    (reinforcement fine-tuning, RLArgs) with GRPO's loss types, beta its KL weight. The defaults are
-    JobSpec's: `PreferenceArgs()` is a plain sft job's view; grpo's defaults for beta and loss_type are
-    GRPO_DEFAULTS (JobSpec fills them in when a grpo spec leaves them out)."""
+    (reinforcement fine-tuning, RLArgs) with GRPO's loss types, beta its KL weight. Every field but the
+    objective is dpo's (beta and loss_type grpo's too): sft refuses a value other than its default."""
 
-    objective: Objective = "sft"
-    beta: float = 0.1
-    loss_type: LossType = "sigmoid"
-    simpo_gamma: float = 0.5
-    rpo_alpha: float = 0.0
-
-    # Fields for objective "dpo" only: a value other than the default is refused with "sft".
-    DPO_FIELDS = ("beta", "loss_type", "simpo_gamma", "rpo_alpha")
+    objective: Objective
+    beta: float
+    loss_type: LossType
+    simpo_gamma: float
+    rpo_alpha: float
 
     @property
     def enabled(self) -> bool:
@@ -232,10 +233,11 @@ class PreferenceArgs:
             return self.beta > 0
         return self.enabled and self.loss_type != "simpo"
 
-    def check(self, train_on_inputs: bool) -> None:
+    def check(self, train_on_inputs: bool, defaults: Mapping[str, Any]) -> None:
+        """`defaults`: the group's fields at JobSpec's defaults, in their order (core.spec.group_defaults)."""
         if self.objective == "sft":
             # Only values other than the defaults (a spec read back from JSON has every field set).
-            odd = [f for f in self.DPO_FIELDS if getattr(self, f) != getattr(SFT, f)]
+            odd = [f for f in defaults if f != "objective" and getattr(self, f) != defaults[f]]
             shared = [f for f in odd if f in ("beta", "loss_type")]
             if shared:
                 raise ValueError(f"{', '.join(shared)} apply to objectives 'dpo' and 'grpo' only")
@@ -249,7 +251,7 @@ class PreferenceArgs:
         if self.objective == "grpo":
             if self.loss_type not in GRPO_LOSSES:
                 raise ValueError(f"loss_type for objective 'grpo' is one of {', '.join(GRPO_LOSSES)}")
-            odd = [f for f in ("simpo_gamma", "rpo_alpha") if getattr(self, f) != getattr(SFT, f)]
+            odd = [f for f in ("simpo_gamma", "rpo_alpha") if getattr(self, f) != defaults[f]]
             if odd:
                 raise ValueError(f"{', '.join(odd)} apply to objective 'dpo' only")
             return
@@ -257,14 +259,8 @@ class PreferenceArgs:
             raise ValueError(f"loss_type for objective 'dpo' is one of {', '.join(DPO_LOSSES)}")
         if self.beta <= 0:
             raise ValueError("beta must be greater than 0 for objective 'dpo'")
-        if self.simpo_gamma != SFT.simpo_gamma and self.loss_type != "simpo":
+        if self.simpo_gamma != defaults["simpo_gamma"] and self.loss_type != "simpo":
             raise ValueError("simpo_gamma applies to loss_type 'simpo' only")
-
-
-SFT = PreferenceArgs()  # the defaults
-DPO_FIELDS = PreferenceArgs.DPO_FIELDS
-# grpo's defaults where they differ from dpo's: TRL 1.16's GRPOConfig (no KL term, DAPO's token-level loss)
-GRPO_DEFAULTS = {"beta": 0.0, "loss_type": "dapo"}
 
 
 @dataclass(frozen=True)
@@ -292,11 +288,6 @@ class RLArgs:
     max_seq_len: int
     step_prompts: int  # a step's prompts (BatchArgs.step_size: a grpo row is one prompt)
 
-    FIELDS = (
-        "grader", "num_generations", "temperature", "rollout_batch_size", "max_completion_tokens", "epsilon",
-        "epsilon_high", "scale_rewards", "importance_sampling_level", "eval_samples",
-    )  # fmt: skip
-
     @property
     def enabled(self) -> bool:
         return self.objective == "grpo"
@@ -321,10 +312,11 @@ class RLArgs:
         """A prompt plus its completion fit max_seq_len."""
         return self.max_seq_len - self.max_completion_tokens
 
-    def check(self, defaults: RLArgs) -> None:
-        """`defaults`: the view of a spec with every field at its default (the values sft/dpo must keep)."""
+    def check(self, defaults: Mapping[str, Any]) -> None:
+        """`defaults`: the group's own fields (each grpo's only) at JobSpec's defaults, the values sft and
+        dpo must keep (core.spec.group_defaults)."""
         if not self.enabled:
-            odd = [f for f in self.FIELDS if getattr(self, f) != getattr(defaults, f)]
+            odd = [f for f in defaults if getattr(self, f) != defaults[f]]
             if odd:
                 raise ValueError(f"{', '.join(odd)} apply to objective 'grpo' only")
             return
@@ -430,3 +422,44 @@ class PlacementArgs:
     def default_checkpointing(method: Any) -> bool:
         """gradient_checkpointing when the spec leaves it null: on for qlora, off otherwise."""
         return method == "qlora"
+
+
+V = TypeVar("V")
+
+
+@dataclass(frozen=True, eq=False)  # one object a group: compared and hashed as itself (the views' cache keys)
+class Group(Generic[V]):
+    """A group of JobSpec fields, named on each field's declaration (`lora_r: Annotated[int, LORA]`):
+    `doc` heads its section of docs/job_spec.md; `view` is the class `spec.<name>` returns (None: no view);
+    a view names the group's fields less `prefix`."""
+
+    name: str
+    doc: str
+    view: type[V] | None = None
+    prefix: str = ""
+
+
+@dataclass(frozen=True)
+class GrpoDefault:
+    """On a field's declaration: its default for objective grpo where that differs (TRL 1.16's
+    GRPOConfig: no KL term, DAPO's token-level loss); JobSpec fills it in when a grpo spec leaves the field
+    out."""
+
+    value: Any
+
+
+RUN = Group[None]("run", "The job: its base model, how long it trains, its checkpoints and export, its turn.")
+LORA = Group("lora", "The adapter: its method and shape, and what it starts from.", LoraArgs, "lora_")
+DATA = Group("data", "The dataset, how examples become tokens, and evaluation on a held-out split.", DataArgs)
+BATCH = Group("batch", "What one optimizer step trains.", BatchArgs)
+OPTIM = Group("optim", "The optimizer and its learning-rate schedule.", OptimArgs)
+PREFERENCE = Group("preference", "The objective and its loss (preference tuning: dpo).", PreferenceArgs)
+RL = Group("rl", "Reinforcement fine-tuning (objective grpo): grading, rollouts, clipping.", RLArgs)
+SAMPLES = Group(
+    "samples",
+    "Before/after samples: greedy completions of the base and the tuned model.",
+    SampleArgs,
+    "sample_",
+)
+PLACEMENT = Group("placement", "Devices, precision, attention and activation checkpointing.", PlacementArgs)
+GROUPS: tuple[Group[Any], ...] = (RUN, LORA, DATA, BATCH, OPTIM, PREFERENCE, RL, SAMPLES, PLACEMENT)

@@ -16,17 +16,21 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from core.catalog import Catalog
-from core.spec import JobSpec
+from core.spec import JobSpec, limits
 from models.admission import make_plan
 
 DEFAULT_MICRO: int = JobSpec.model_fields["micro_batch_size"].default
+MAX_MICRO: int = limits("micro_batch_size")["le"]
+MAX_ACCUM: int = limits("gradient_accumulation_steps")["le"]
 
 
 def split_batch(
     session: Session, *, catalog: Catalog, spec: JobSpec, per_gpu: int, tenant_id: str, plan_gpu: str
 ) -> JobSpec:
     """`spec` with micro_batch_size x gradient_accumulation_steps = per_gpu, the largest micro that fits."""
-    divisors = [d for d in range(min(per_gpu, 512), 0, -1) if per_gpu % d == 0 and per_gpu // d <= 1024]
+    divisors = [
+        d for d in range(min(per_gpu, MAX_MICRO), 0, -1) if per_gpu % d == 0 and per_gpu // d <= MAX_ACCUM
+    ]
 
     def with_micro(micro: int, sample_per_micro: bool = False) -> JobSpec:
         update: dict[str, int] = {"micro_batch_size": micro, "gradient_accumulation_steps": per_gpu // micro}

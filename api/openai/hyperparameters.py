@@ -14,7 +14,7 @@ What `"auto"` picks, and what each number means:
 ftune's own settings ride along as extra body fields under their JobSpec names; what JobSpec calls
 `method` is `adapter` here. A setting given twice (`n_epochs` and `epochs`) is refused, naming it.
 
-`method.type` "reinforcement" (objective grpo; README "Reinforcement fine-tuning"): `grader` is JobSpec's
+`method.type` "reinforcement" (objective grpo; docs/training.md): `grader` is JobSpec's
 `grader`; `batch_size` counts prompts per step; `eval_interval` is eval_every_steps (auto: at each epoch
 end and at the end) and, as on OpenAI, checkpoint_every_steps unless that is given too; `eval_samples`
 the validation prompts graded per evaluation (auto: all);
@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from core.errors import InvalidInput, Unsupported
 from core.graders.parse import check_size
-from core.spec import JobSpec
+from core.spec import JobSpec, limits
 
 Auto = Literal["auto"]
 DEFAULT_LR: float = JobSpec.model_fields["learning_rate"].default
@@ -66,19 +66,21 @@ OPENAI_PARAM = SET_BY_OPENAI
 
 class Hyperparameters(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    # Bounds on the numbers only: "auto" is not compared with them.
-    n_epochs: Annotated[int, Field(ge=1, le=100)] | Auto = "auto"
-    batch_size: Annotated[int, Field(ge=1, le=512 * 1024)] | Auto = "auto"
-    learning_rate_multiplier: Annotated[float, Field(gt=0, le=0.1 / DEFAULT_LR)] | Auto = "auto"  # lr <= 0.1
+    # Bounds on the numbers only: "auto" is not compared with them. Each the JobSpec field's it sets.
+    n_epochs: Annotated[int, Field(**limits("epochs"))] | Auto = "auto"
+    batch_size: Annotated[int, Field(**limits("examples_per_step"))] | Auto = "auto"
+    learning_rate_multiplier: (
+        Annotated[float, Field(gt=0, le=limits("learning_rate")["le"] / DEFAULT_LR)] | Auto
+    ) = "auto"
 
 
 class DpoHyperparameters(Hyperparameters):
-    beta: Annotated[float, Field(gt=0, le=100)] | Auto = "auto"
+    beta: Annotated[float, Field(gt=0, le=limits("beta")["le"])] | Auto = "auto"  # dpo's beta is > 0
 
 
 class ReinforcementHyperparameters(Hyperparameters):
-    eval_interval: Annotated[int, Field(ge=1, le=1_000_000)] | Auto = "auto"
-    eval_samples: Annotated[int, Field(ge=1, le=100_000)] | Auto = "auto"
+    eval_interval: Annotated[int, Field(ge=1, le=limits("eval_every_steps")["le"])] | Auto = "auto"
+    eval_samples: Annotated[int, Field(**limits("eval_samples"))] | Auto = "auto"
     compute_multiplier: Annotated[float, Field(gt=0, le=16)] | Auto = "auto"
     reasoning_effort: Literal["auto", "default", "low", "medium", "high"] = "auto"
 
@@ -133,7 +135,7 @@ class CreateJobRequest(BaseModel):
     training_file: str = Field(max_length=200)
     validation_file: str | None = Field(None, max_length=200)
     suffix: str | None = Field(None, min_length=1, max_length=64)
-    seed: int | None = Field(None, ge=0, le=2**32 - 1)
+    seed: Annotated[int, Field(**limits("seed"))] | None = None
     metadata: dict[str, str] | None = Field(None, max_length=16)
     method: Method | None = None
     hyperparameters: Hyperparameters | None = Field(None, description="Deprecated: use method.")

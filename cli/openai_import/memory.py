@@ -28,9 +28,12 @@ class Planned:
 
 def _micro_batches(per_gpu: int | None, default: int) -> list[int]:
     """The micro-batches to try, largest first: divisors of the batch per GPU up to `default`."""
+    from core.spec import limits
+
     if per_gpu is None:  # the split was given as settings of its own
         return [0]
-    return [d for d in range(min(per_gpu, default), 0, -1) if per_gpu % d == 0 and per_gpu // d <= 1024]
+    most = limits("gradient_accumulation_steps")["le"]
+    return [d for d in range(min(per_gpu, default), 0, -1) if per_gpu % d == 0 and per_gpu // d <= most]
 
 
 def _spec_fields(body: dict[str, Any]) -> tuple[dict[str, Any], int | None, int] | str:
@@ -71,6 +74,8 @@ def _line(plan: dict[str, Any], micro: int, accumulation: int) -> str:
 
 def plan(ep: Endpoints, body: dict[str, Any], gpu: str | None) -> Planned:
     """The memory plan of the job `body` would create (its files may still be stand-ins: no matter)."""
+    from api.openai.hyperparameters import DEFAULT_ACCUM as accum
+
     if str(body["model"]).startswith("ft:"):
         return Planned("memory plan: made when the job is created (its base is a fine-tuned model)")
     fields = _spec_fields(body)
@@ -89,7 +94,7 @@ def plan(ep: Endpoints, body: dict[str, Any], gpu: str | None) -> Planned:
             if e.status_code == 503:  # no worker has reported its devices, and no GPU was named
                 return Planned(f"memory plan: none ({ep.reason(e)}); --gpu names a GPU to plan on")
             return Planned("", ep.reason(e))
-        split_as = asked.get("micro_batch_size", default), asked.get("gradient_accumulation_steps", 1)
+        split_as = asked.get("micro_batch_size", default), asked.get("gradient_accumulation_steps", accum)
         line = _line(result, *split_as)
         if result["fits"]:
             break

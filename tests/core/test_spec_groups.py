@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from core.spec import JobSpec
-from core.spec_groups import SFT, PreferenceArgs
+from core.spec import DPO_FIELDS, JobSpec, group_defaults
+from core.spec_groups import PREFERENCE
 
 BASE = {"base_model": "tiny", "dataset_id": "abcdefgh12"}
 
@@ -82,9 +82,9 @@ def test_derived_values() -> None:
 
 
 def test_preference_defaults_are_the_specs() -> None:
-    defaults = {f: JobSpec.model_fields[f].default for f in ("objective", *PreferenceArgs.DPO_FIELDS)}
-    assert defaults == dataclasses.asdict(SFT)
-    assert spec().preference == SFT
+    defaults = {f: JobSpec.model_fields[f].default for f in ("objective", *DPO_FIELDS)}
+    assert defaults == dict(group_defaults(PREFERENCE)) == dataclasses.asdict(spec().preference)
+    assert DPO_FIELDS == ("beta", "loss_type", "simpo_gamma", "rpo_alpha")
 
 
 def test_the_first_problem_across_groups_is_reported() -> None:

@@ -115,6 +115,7 @@ def test_the_form_plans_as_you_type_and_submits_a_job(base: str, browser: Browse
     page.fill("[name=micro_batch_size]", "2")
     page.fill("[name=max_seq_len]", "128")
     page.fill("[name=gpu]", "")
+    page.fill("[name=examples_per_step]", "8")  # empty until set: the API's default (null) applies
     page.wait_for_selector("#plan-verdict:has-text('fits')")
     assert page.inner_text("[data-error-for=learning_rate]") == ""
 
@@ -127,6 +128,7 @@ def test_the_form_plans_as_you_type_and_submits_a_job(base: str, browser: Browse
     spec = job["spec"]
     assert (spec["base_model"], spec["max_steps"], spec["max_seq_len"]) == ("ftune-demo", 3, 128)
     assert (spec["micro_batch_size"], spec["learning_rate"], spec["method"]) == (2, 0.001, "lora")
+    assert spec["examples_per_step"] == 8
     assert job_id in page.inner_text("#job-title")
     page.goto(f"{base}/dashboard?interval=500#/")
     page.wait_for_selector(f"#job-{job_id}[data-status=queued]")
