@@ -234,6 +234,11 @@ class JobSpec(BaseModel):
     max_completion_tokens: Annotated[int, RL] = Field(
         64, ge=1, le=8192, description="grpo: new tokens per sampled completion at most."
     )
+    response_format: Annotated[dict[str, Any] | None, RL] = Field(
+        None,
+        description="grpo: OpenAI's response_format (json_object, or json_schema with its schema): every "
+        "sampled completion is held to it by constrained decoding; null: free text.",
+    )
     epsilon: Annotated[float, RL] = Field(
         0.2, gt=0, le=1, description="grpo: the ratio's lower clip, 1 - epsilon."
     )
@@ -405,6 +410,20 @@ class JobSpec(BaseModel):
     @classmethod
     def _sample_prompts(cls, v: Any) -> Any:
         return SampleArgs.check_prompts(v)
+
+    @field_validator("response_format")
+    @classmethod
+    def _response_format(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Checked now, the schema compiled as rollouts will compile it (core.response_format)."""
+        if v is None or v.get("type") == "text":
+            return None
+        from core.response_format import ResponseFormatError, check_response_format
+
+        try:
+            check_response_format(v)
+        except ResponseFormatError as e:
+            raise ValueError(f"{e.field}: {e}") from None
+        return v
 
     @field_validator("grader", mode="before")
     @classmethod

@@ -280,6 +280,7 @@ class RLArgs:
     temperature: float
     rollout_batch_size: int | None
     max_completion_tokens: int
+    response_format: dict[str, Any] | None
     epsilon: float
     epsilon_high: float | None
     scale_rewards: ScaleRewards

@@ -17,10 +17,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from core.response_format import ResponseFormatError, check_response_format, schema_of
 from inference.errors import invalid
 from inference.tool_calls import ToolFormat, format_of, marker_of
 from training.chat_template import template_for
-from training.decoding.constraint import COMPACT, Grammar, GrammarError, schema_of
+from training.decoding.constraint import COMPACT, Grammar, GrammarError
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,10 @@ class Shape:
         """The request's fields, checked: 400 naming the field."""
         fmt = response_format if response_format and response_format.get("type") != "text" else None
         if fmt is not None:
-            check_response_format(fmt)
+            try:
+                check_response_format(fmt)
+            except ResponseFormatError as e:
+                raise invalid(f"{e.field}: {e}", e.field, code="invalid_response_format") from None
         tools = tools or []
         choice = _choice(tool_choice, tools)
         shown = () if choice == "none" else tuple(tools)
@@ -86,25 +90,6 @@ class Shape:
         except GrammarError as e:
             param = "response_format" if self.response_format else "tools"
             raise invalid(f"cannot enforce this answer: {e}", param, code="invalid_response_format") from e
-
-
-def check_response_format(fmt: dict[str, Any]) -> None:
-    kind = fmt.get("type")
-    if kind == "json_object":
-        return
-    if kind != "json_schema":
-        raise invalid(
-            "response_format type must be text, json_object or json_schema",
-            "response_format.type",
-            code="invalid_response_format",
-        )
-    spec = fmt.get("json_schema")
-    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-        raise invalid(
-            "response_format.json_schema must be an object with a `schema` object",
-            "response_format.json_schema",
-            code="invalid_response_format",
-        )
 
 
 def _schema(fmt: dict[str, Any] | None) -> dict[str, Any]:

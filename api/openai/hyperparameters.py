@@ -20,8 +20,9 @@ end and at the end) and, as on OpenAI, checkpoint_every_steps unless that is giv
 the validation prompts graded per evaluation (auto: all);
 `compute_multiplier` scales the completions sampled per prompt, num_generations = round(4 x it), 2..64
 (auto: 1, four); `reasoning_effort` is accepted and echoed but has no effect: no base model ftune trains
-reasons with a budget; `response_format` (json_schema) is echoed, and a sample's output_json is its text
-parsed as JSON whatever it says: sampling is not constrained to the schema.
+reasons with a budget; `response_format` (json_object / json_schema) is JobSpec's `response_format`:
+every rollout is sampled under its grammar (constrained decoding), so a sample's output_json parses
+unless max_completion_tokens cut it.
 """
 
 from __future__ import annotations
@@ -200,6 +201,8 @@ def _reinforcement_fields(req: CreateJobRequest) -> tuple[dict[str, Any], dict[s
     assert rf is not None
     hp = rf.hyperparameters
     fields: dict[str, Any] = {"objective": "grpo", "grader": rf.grader}
+    if rf.response_format is not None:
+        fields["response_format"] = rf.response_format
     if hp.eval_interval != "auto":
         fields["eval_every_steps"] = hp.eval_interval
         if "checkpoint_every_steps" not in (req.model_extra or {}):  # a checkpoint at each evaluation

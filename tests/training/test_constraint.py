@@ -78,3 +78,27 @@ def test_a_row_without_a_grammar_beside_one_decodes_as_alone(model, tokenizer) -
 def test_a_schema_llguidance_cannot_compile_says_why(tokenizer) -> None:
     with pytest.raises(GrammarError):
         Grammar.json_schema(tokenizer, {"type": "object", "minProperties": "two"})
+
+
+def test_rollouts_under_a_response_format_are_its_json_and_end_with_an_end_token(model, tokenizer) -> None:
+    """A reinforcement job's rollouts (training.rollouts.sample, as the grpo objective calls it): each
+    completion is the schema's JSON, and its tokens end with an end token (the policy learns to stop)."""
+    from training.rollouts import sample, stop_ids
+
+    prompts = [tokenizer("Answer in JSON:")["input_ids"], tokenizer("Again:")["input_ids"]]
+    done = sample(
+        model,
+        tokenizer,
+        prompts,
+        n=3,
+        temperature=1.0,
+        max_new_tokens=48,
+        seed=(7, 0),
+        device=torch.device("cpu"),
+        grammar=Grammar.json_schema(tokenizer, SCHEMA),
+    )
+    stops = stop_ids(tokenizer, model)
+    for group in done:
+        for completion in group:
+            jsonschema.validate(json.loads(completion.text), SCHEMA)
+            assert not completion.truncated and completion.ids[-1] in stops

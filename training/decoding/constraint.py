@@ -15,7 +15,6 @@ runtime.
 
 from __future__ import annotations
 
-import json
 import threading
 import weakref
 from collections.abc import Collection, Sequence
@@ -27,15 +26,12 @@ import llguidance.hf
 import numpy as np
 import torch
 
+from core.response_format import COMPACT as COMPACT_JSON
+
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
-# Compact JSON: no free-running whitespace, so a bounded schema is a bounded answer.
-COMPACT: JsonCompileOptions = {
-    "whitespace_flexible": False,
-    "item_separator": ",",
-    "key_separator": ":",
-}
+COMPACT: JsonCompileOptions = COMPACT_JSON  # type: ignore[assignment]
 
 _tokenizers: weakref.WeakKeyDictionary[Any, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
@@ -109,12 +105,3 @@ class Constraint:
 
     def accept(self, token: int) -> None:
         self.matcher.consume_token(token)
-
-
-def schema_of(response_format: dict[str, Any]) -> dict[str, Any] | None:
-    """OpenAI's response_format -> the JSON schema to enforce (None: any JSON object)."""
-    if response_format.get("type") == "json_object":
-        return None
-    spec = response_format.get("json_schema") or {}
-    schema = spec.get("schema")
-    return json.loads(json.dumps(schema)) if isinstance(schema, dict) else {"type": "object"}
