@@ -12,10 +12,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import torch
 
-from tests.e2e.stack import REPO, Up, api, download_adapter, upload, wait_finished
+from tests.e2e.stack import REPO, TEST_ADMIN_KEY, Up, api, download_adapter, upload, wait_finished
 from training.demo_vlm import build_vlm_model
 
 pytestmark = pytest.mark.slow
@@ -53,6 +54,7 @@ def test_a_tiny_vlm_job_trains_an_adapter_that_changes_the_output(
         losses = [s["loss"] for s in api.get(f"{up.base}/jobs/{job_id}/metrics").json()["data"]]
         assert losses[-1] < losses[0], losses
         _assert_adapter_changes_outputs(vlm_base, download_adapter(up.base, job_id, tmp_path))
+        _assert_the_tuned_model_answers_an_image_through_v1(up, job_id)
     except BaseException:
         print(up.tail())
         raise
@@ -73,6 +75,25 @@ def _assert_adapter_changes_outputs(base_dir: Path, adapter_dir: Path) -> None:
         before = base(**inputs).logits
         after = PeftModel.from_pretrained(base, adapter_dir)(**inputs).logits
     assert (after - before).abs().max() > 1e-2
+
+
+def _assert_the_tuned_model_answers_an_image_through_v1(up: Up, job_id: str) -> None:
+    """The `ft:` model answers a chat with an image part through the API's /v1 and ftune's engine (the
+    official SDK), streamed the same; a text-only base refuses the image part by name. (That the adapter
+    changes the model's output is checked on its logits: _assert_adapter_changes_outputs.)"""
+    row = json.loads(EXAMPLES.read_text().splitlines()[0])
+    ask = {"messages": row["messages"][:1], "max_tokens": 8, "temperature": 0}
+    with openai.OpenAI(api_key=TEST_ADMIN_KEY, base_url=f"{up.base}/v1", max_retries=0, timeout=120) as sdk:
+        model = sdk.fine_tuning.jobs.retrieve(job_id).fine_tuned_model
+        assert model is not None
+        tuned = sdk.chat.completions.create(model=model, **ask)
+        answer = tuned.choices[0].message.content or ""
+        assert tuned.usage is not None and tuned.usage.completion_tokens > 0 and answer
+        stream = sdk.chat.completions.create(model=model, stream=True, **ask)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == answer
+        with pytest.raises(openai.BadRequestError) as e:
+            sdk.chat.completions.create(model="ftune-demo", **ask)
+        assert e.value.body["code"] == "unsupported_content"  # type: ignore[index]
 
 
 def test_plan_reads_the_7b_config_alone(up: Up, vlm_base: Path) -> None:
