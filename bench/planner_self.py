@@ -12,7 +12,8 @@ micro_batch_size x max_seq_len tokens), which is what admission had before token
 
 The mixture-of-experts configs (MOE_GRID) train tiny random-weight Qwen3-MoE and Mixtral bases of the
 demo model's width (training.demo_moe), LoRA on the attention or also on the expert stacks, some with the
-router's load-balancing loss.
+router's load-balancing loss. The vision-language configs (VLM_GRID) train a random Qwen2.5-VL at the same
+width on examples/vision_colors.jsonl, its images through the base's own image processor.
 Two datasets: `short`, examples/alpaca_small.jsonl (200 instructions, the longest ~50 tokens), and `long`,
 64 texts from the demo corpus of 40 to ~1,400 tokens (so seq 2048 is really used).
 Goal (issue 15): every config within 15% of measured, none under-predicted by more than 5%.
@@ -39,6 +40,7 @@ from core.run_protocol import RunConfig  # noqa: E402
 from core.spec import JobSpec  # noqa: E402
 from training.demo import build_demo_model  # noqa: E402
 from training.demo_moe import Family, MoeSize, build_moe_model  # noqa: E402
+from training.demo_vlm import VlmSize, build_vlm_model  # noqa: E402
 
 CPU = device_gpu({"kind": "cpu", "name": "cpu", "memory_bytes": 64 * 2**30})
 GOAL, UNDER = 0.15, 0.05
@@ -94,6 +96,16 @@ MOE_GRID: list[tuple[Family, str, bool, str, bool, int, int, int, str, float | N
     ("mixtral", "long", True, "lora", False, 2, 1024, 2, "experts", None),
 ]
 EXPERT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "experts"]
+# A vision-language base (training.demo_vlm: a random Qwen2.5-VL at the demo model's width, a 2-block
+# tower) on examples/vision_colors.jsonl (12 chat rows, an image each, up to 64 merged image tokens):
+# (packing, method, checkpointing, micro-batch, seq)
+VLM = VlmSize(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=688,
+              vision_hidden=64, vision_intermediate=128, max_pixels=28 * 28 * 64)  # fmt: skip
+VLM_GRID: list[tuple[bool, str, bool, int, int]] = [
+    (True, "lora", False, 4, 256),
+    (False, "lora", False, 4, 256),
+    (False, "lora", True, 2, 256),
+]
 
 
 def moe_model(family: str, aux: float | None) -> str:
@@ -102,7 +114,20 @@ def moe_model(family: str, aux: float | None) -> str:
 
 def configs(steps: int) -> list[tuple[str, JobSpec, int, str]]:
     """(dataset, spec, processes, model) of every config, numbered from 1 in this order."""
-    return [(d, s, p, "demo") for d, s, p in dense_configs(steps)] + moe_configs(steps)
+    dense = [(d, s, p, "demo") for d, s, p in dense_configs(steps)]
+    return dense + moe_configs(steps) + vlm_configs(steps)
+
+
+def vlm_configs(steps: int) -> list[tuple[str, JobSpec, int, str]]:
+    out = []
+    for packing, method, ckpt, micro, seq in VLM_GRID:
+        spec = JobSpec(
+            base_model="vlm", dataset_id="benchdata01", method=method, packing=packing,
+            gradient_checkpointing=ckpt, micro_batch_size=micro, gradient_accumulation_steps=1,
+            max_seq_len=seq, max_steps=steps, checkpoint_every_steps=0, mixed_precision="no",
+        )  # fmt: skip
+        out.append(("images", spec, 1, "vlm"))
+    return out
 
 
 def moe_configs(steps: int) -> list[tuple[str, JobSpec, int, str]]:
@@ -190,7 +215,9 @@ def main() -> int:
                 model_dirs[name] = build_moe_model(
                     tmp / "models", name=name, family=family, size=MOE, aux_loss_coef=aux
                 )
+        model_dirs["vlm"] = build_vlm_model(tmp / "models", name="vlm", size=VLM)
         data = {
+            "images": ROOT / "examples" / "vision_colors.jsonl",
             "short": ROOT / "examples" / "alpaca_small.jsonl",
             "long": long_texts(tmp / "long.jsonl"),
             "prompts": prompts(tmp / "prompts.jsonl", 48),
@@ -222,7 +249,9 @@ def main() -> int:
             errors.append(err)
             grpo = spec.rl.enabled
             method = f"{spec.method}+grpo" if grpo else spec.method
-            if model != "demo":  # a MoE base: its family, "+x" where the expert stacks are LoRA targets
+            if model == "vlm":
+                method = f"{spec.method}+vl"
+            elif model != "demo":  # a MoE base: its family, "+x" where the expert stacks are LoRA targets
                 experts = spec.lora_target_modules != "all-linear"
                 method = f"{spec.method}+{'q3' if model.startswith('qwen3') else 'mx'}" + (
                     "+x" if experts else ""

@@ -40,7 +40,8 @@ PACKED_EXAMPLE_TOKENS = 32
 
 def forward_backward_terms(c: Context) -> list[Term]:
     activations, layer_bytes = _activations(c)
-    terms = [activations, *moe_terms(c), *vision_terms(c)]
+    tower, projector = vision_terms(c)
+    terms = [activations, *moe_terms(c), *projector]
     if c.autocast and c.compute_b < 4 and (not c.full or c.store_b == 4):
         terms.append(
             Term(
@@ -75,6 +76,11 @@ def forward_backward_terms(c: Context) -> list[Term]:
         terms += loss_phase + idle(layer_phase, "the loss at backward start is larger")
     else:
         terms += idle(loss_phase, "a layer's backward is larger") + layer_phase
+    # The frozen tower runs first and keeps nothing: its transient peak is freed before the language model's
+    # activations build up, so it counts only where it is larger than they are at backward.
+    if sum(t.bytes for t in tower) <= activations.bytes + max(loss_total, layer_total):
+        tower = idle(tower, "the vision tower's forward is freed before the language model's backward")
+    terms += tower
     if c.spec.num_gpus > 1:
         terms += _fsdp_terms(c)
     if c.spec.preference.uses_reference:

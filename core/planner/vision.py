@@ -9,8 +9,10 @@ statistics, made with the processor: training.vision) already count them in ever
 What the tower adds: its weights (in Architecture.total_params, so in "base weights") and, frozen and fed
 no gradient, only transient activations during its forward. This term bounds them by the worst case of a
 micro-batch whose every token is an image token (merge^2 patches each), one block's widest tensors at a
-time; when LoRA wraps the projector, its input is kept for backward as well. Not yet measured against a
-peak of a real tower (the tiny demo tower is too small to show it).
+time; they are freed before the language model's activations build up, so the plan counts them only
+where they exceed those (core.planner.forward_backward). When LoRA wraps the projector, its input is
+kept for backward as well. bench/planner_self.py's vision configs measure the sum against a random
+Qwen2.5-VL at the demo width; a real tower's own peak is not measured (a GPU check would).
 """
 
 from __future__ import annotations
@@ -55,13 +57,14 @@ def image_tokens(
     return (h // patch) * (w // patch) // merge**2
 
 
-def vision_terms(c: Context) -> list[Term]:
+def vision_terms(c: Context) -> tuple[list[Term], list[Term]]:
+    """(the tower's forward, transient; what is kept for backward: the LoRA'd projector's inputs)."""
     tower = c.arch.vision
     if tower is None:
-        return []
+        return [], []
     patches = c.tokens * tower.merge_size**2
     widest = 4 * tower.hidden_size + 3 * tower.intermediate_size  # qkv + attention out; gate, up, act
-    terms = [
+    forward = [
         Term(
             name="vision tower forward",
             bytes=patches * (tower.patch_values + widest) * c.act_b,
@@ -73,14 +76,15 @@ def vision_terms(c: Context) -> list[Term]:
             ),
         )
     ]
+    kept = []
     names = {m.name for m, _ in c.lora}
     if any(m.name in names for m in tower.projector):
         wide = tower.hidden_size * tower.merge_size**2
-        terms.append(
+        kept.append(
             Term(
                 name="projector inputs (LoRA)",
                 bytes=c.tokens * 2 * wide * c.act_b,
                 note="the LoRA'd projector's two linears keep their inputs for the adapter's gradient",
             )
         )
-    return terms
+    return forward, kept
