@@ -37,7 +37,6 @@ class ToolFormat:
     name: str
     template: dict[str, Any]  # transformers' response_template
     arguments: str  # the key of a call's arguments in its JSON
-    parallel: bool  # the format can hold several calls
 
     def rules(self, tools: Sequence[dict[str, Any]], parallel: bool, marker: str) -> str:
         """Lark rules (llguidance) whose `calls` is one or more calls to `tools` (one unless `parallel`),
@@ -53,77 +52,66 @@ class ToolFormat:
             for t in tools
         ]
         call = json.dumps({"anyOf": options, "x-guidance": TOJSON})
-        many = parallel and self.parallel
         if self.name == "hermes":
-            more = ' ("\\n" call)*' if many else ""
+            more = ' ("\\n" call)*' if parallel else ""
             return f'calls: call{more}\ncall: "<tool_call>\\n" %json {call} "\\n</tool_call>"\n'
         if self.name == "llama3":
-            more = ' ("; " call)*' if many else ""
+            more = ' ("; " call)*' if parallel else ""
             return f"calls: call{more}\ncall: %json {call}\n"
-        bound = {} if many else {"maxItems": 1}
+        bound = {} if parallel else {"maxItems": 1}
         listed = {"type": "array", "items": {"anyOf": options}, "minItems": 1, **bound, "x-guidance": TOJSON}
         return f"calls: {marker} %json {json.dumps(listed)}\n"
+
+
+def _reading(start_anchor: str, calls: dict[str, Any]) -> dict[str, Any]:
+    """A response_template: content, and the calls as `calls` reads them."""
+    return {"start_anchor": start_anchor, "fields": {"content": {"content": "text"}, "tool_calls": calls}}
 
 
 FORMATS = {
     "hermes": ToolFormat(
         "hermes",
-        {
-            "start_anchor": "<|im_start|>assistant\n",
-            "fields": {
-                "content": {"content": "text"},
-                "tool_calls": {
-                    "open": "<tool_call>",
-                    "close": "</tool_call>",
-                    "content": "json",
-                    "repeats": True,
-                    "transform": CALL,
-                },
+        _reading(
+            "<|im_start|>assistant\n",
+            {
+                "open": "<tool_call>",
+                "close": "</tool_call>",
+                "content": "json",
+                "repeats": True,
+                "transform": CALL,
             },
-        },
+        ),
         "arguments",
-        parallel=True,
     ),
     "llama3": ToolFormat(
         "llama3",
-        {
-            "start_anchor": "<|start_header_id|>assistant<|end_header_id|>",
-            "fields": {
-                "content": {"content": "text"},
-                "tool_calls": {
-                    "open_pattern": r"(?:<\|python_tag\|>)?(?=\{\s*\"name\")",
-                    "close_pattern": r"\s*;\s*|$(?![\s\S])",
-                    "content": "json",
-                    "repeats": True,
-                    "transform": {
-                        "type": "function",
-                        "function": {"name": "{content.name}", "arguments": "{content.parameters}"},
-                    },
+        _reading(
+            "<|start_header_id|>assistant<|end_header_id|>",
+            {
+                "open_pattern": r"(?:<\|python_tag\|>)?(?=\{\s*\"name\")",
+                "close_pattern": r"\s*;\s*|$(?![\s\S])",
+                "content": "json",
+                "repeats": True,
+                "transform": {
+                    "type": "function",
+                    "function": {"name": "{content.name}", "arguments": "{content.parameters}"},
                 },
             },
-        },
+        ),
         "parameters",
-        parallel=True,
     ),
     "mistral": ToolFormat(
         "mistral",
-        {
-            "start_anchor": "[/INST]",
-            "fields": {
-                "content": {"content": "text"},
-                "tool_calls": {
-                    "open": "[TOOL_CALLS]",
-                    "content": "json",
-                    "transform_each": True,
-                    "transform": {
-                        "type": "function",
-                        "function": {"name": "{name}", "arguments": "{arguments}"},
-                    },
-                },
+        _reading(
+            "[/INST]",
+            {
+                "open": "[TOOL_CALLS]",
+                "content": "json",
+                "transform_each": True,
+                "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{arguments}"}},
             },
-        },
+        ),
         "arguments",
-        parallel=True,
     ),
 }
 

@@ -14,9 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from models.db import make_engine, make_session_factory, session_scope
-from models.tenants import create_key
-from tests.e2e.stack import REPO, Proc, env_for, free_port
+from tests.e2e.stack import REPO, Proc, env_for, free_port, tenant_key
 
 ENGINE_KEY = "chat-engine-key-for-tests-and-bench"
 BASE = "ftune-demo"
@@ -69,12 +67,7 @@ class ChatAPI:
 
     def key(self, tenant: str) -> str:
         """A new API key of `tenant` (created if missing)."""
-        engine = make_engine(self.database_url)
-        try:
-            with session_scope(make_session_factory(engine)) as s:
-                return create_key(s, tenant)
-        finally:
-            engine.dispose()
+        return tenant_key(self.database_url, tenant)
 
 
 @contextmanager

@@ -237,3 +237,16 @@ def running_api(env: dict[str, str], log: Path) -> Iterator[str]:
     finally:
         if proc is not None:
             proc.stop()
+
+
+def tenant_key(database_url: str, tenant: str) -> str:
+    """A new API key of `tenant` (created if missing), written straight to the service's database."""
+    from models.db import make_engine, make_session_factory, session_scope
+    from models.tenants import create_key
+
+    engine = make_engine(database_url)
+    try:
+        with session_scope(make_session_factory(engine)) as s:
+            return create_key(s, tenant)
+    finally:
+        engine.dispose()

@@ -26,10 +26,8 @@ import httpx
 import openai
 import pytest
 
-from models.db import make_engine, make_session_factory, session_scope
-from models.tenants import create_key
 from tests.e2e.conftest import models_dir  # noqa: F401  (the demo model, built once per session)
-from tests.e2e.stack import REPO, Proc, env_for, free_port, wait_ready
+from tests.e2e.stack import REPO, Proc, env_for, free_port, tenant_key, wait_ready
 
 # A base model's config.json (no weights), small enough for the planner to admit a job for it.
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64}
@@ -51,12 +49,7 @@ class Server:
     database_url: str
 
     def key(self, tenant: str) -> str:
-        engine = make_engine(self.database_url)
-        try:
-            with session_scope(make_session_factory(engine)) as s:
-                return create_key(s, tenant)
-        finally:
-            engine.dispose()
+        return tenant_key(self.database_url, tenant)
 
     def tenant(self) -> tuple[openai.OpenAI, httpx.Client]:
         """A new tenant: the SDK pointed at /v1 (no retries, so a retried status shows) and a native client,
@@ -118,12 +111,7 @@ class Stack:
 
     def tenant(self) -> tuple[openai.OpenAI, httpx.Client, str]:
         name = f"org-{uuid.uuid4().hex[:10]}"
-        engine = make_engine(self.database_url)
-        try:
-            with session_scope(make_session_factory(engine)) as s:
-                key = create_key(s, name)
-        finally:
-            engine.dispose()
+        key = tenant_key(self.database_url, name)
         sdk = openai.OpenAI(api_key=key, base_url=f"{self.base}/v1", max_retries=0, timeout=60)
         native = httpx.Client(base_url=self.base, headers={"Authorization": f"Bearer {key}"}, timeout=60)
         return sdk, native, key
