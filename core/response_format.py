@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+MAX_FORMAT_CHARS = 64 * 1024  # a response_format's JSON: a grammar's compile time grows with it
 # JSON with no free-running whitespace, as structured outputs write it (a bounded schema, a bounded answer)
 COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
@@ -29,6 +30,10 @@ def schema_of(response_format: dict[str, Any]) -> dict[str, Any] | None:
 def check_response_format(fmt: dict[str, Any], where: str = "response_format") -> None:
     """ResponseFormatError naming the field for a malformed response_format or a schema that does not
     compile."""
+    import json
+
+    if len(json.dumps(fmt)) > MAX_FORMAT_CHARS:
+        raise ResponseFormatError(f"is over {MAX_FORMAT_CHARS:,} characters of JSON", where)
     kind = fmt.get("type")
     if kind not in ("json_object", "json_schema"):
         raise ResponseFormatError("type must be text, json_object or json_schema", f"{where}.type")

@@ -23,6 +23,9 @@ from inference.tool_calls import ToolFormat, format_of, marker_of
 from training.chat_template import template_for
 from training.decoding.constraint import COMPACT, Grammar, GrammarError
 
+# The tools' JSON: rendered into every prompt, compiled into a forced call's grammar.
+MAX_TOOLS_CHARS = 256 * 1024
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -47,6 +50,8 @@ class Shape:
             except ResponseFormatError as e:
                 raise invalid(f"{e.field}: {e}", e.field, code="invalid_response_format") from None
         tools = tools or []
+        if len(json.dumps(tools)) > MAX_TOOLS_CHARS:  # each call's grammar holds them all
+            raise invalid(f"tools: over {MAX_TOOLS_CHARS:,} characters of JSON", "tools", "tools_too_large")
         choice = _choice(tool_choice, tools)
         shown = () if choice == "none" else tuple(tools)
         return cls(shown, "auto" if choice == "none" else choice, parallel is not False, fmt)

@@ -120,5 +120,8 @@ def test_request_checks_name_the_field() -> None:
                 fields.get("response_format"),
             )
         assert (e.value.param, e.value.code) == (param, code)
+    with pytest.raises(EngineError) as e:
+        Shape.of([WEATHER] * 100 + [{**WEATHER, "pad": "x" * 300000}], None, None, None)
+    assert (e.value.param, e.value.code) == ("tools", "tools_too_large")
     none = Shape.of([WEATHER], "none", None, None)
     assert none.tools == () and none.choice == "auto"  # not shown to the model, nothing parsed
