@@ -33,7 +33,8 @@ from core.spec import JobSpec
 from training.data import Tokenized
 from training.demo import DemoSize, build_demo_model
 from training.model import load_model, trainable_parameters
-from training.step import Parts, make_optimizer, train_step
+from training.objectives.sft.step import train_step
+from training.step import Parts, make_optimizer
 
 SIZES = {
     "demo-5M": DemoSize(),

@@ -4,7 +4,7 @@
 
 The dataset is generated: token lengths lognormal with median ~150 and a long tail clipped at
 max_seq_len, random token ids, the first 20-60% of each example masked as its prompt. Four trainers
-run the same number of optimizer steps through the real training step (training.step.train_step),
+run the same number of optimizer steps through the real training step (training.objectives.sft.step),
 their steps interleaved so that load from other work on the machine hits all of them alike:
 
 - padded: plain padded batches, the baseline of the goal (packed >= 1.5x padded): shuffled micro-batches
@@ -53,7 +53,8 @@ from training.batches import Step, epoch_steps, split_step
 from training.data import IGNORE, Tokenized
 from training.demo import build_demo_model
 from training.model import load_model, trainable_parameters
-from training.step import Parts, StepResult, make_optimizer, train_step
+from training.objectives.sft.step import train_step
+from training.step import Parts, StepResult, make_optimizer
 
 
 def make_items(n: int, max_seq_len: int, seed: int = 0) -> list[Tokenized]:

@@ -33,11 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core.spec import JobSpec
 from training.data import Tokenized
 from training.demo import DemoSize, build_demo_model
-from training.dpo import train_step as dpo_train_step
 from training.memory import PeakMemory, model_state_tensors
 from training.model import load_model, trainable_parameters
-from training.preference import Pair
-from training.step import Parts, make_optimizer, train_step
+from training.objectives.dpo.pairs import Pair
+from training.objectives.dpo.step import train_step as dpo_train_step
+from training.objectives.sft.step import train_step
+from training.step import Parts, make_optimizer
 
 SIZES = {
     "demo-5M": DemoSize(),

@@ -6,9 +6,11 @@ exit code below; on failure it also writes output_dir/error.json ({"code", "mess
 
 Records, in order of appearance (typed below, told apart by "type"):
   start       once per attempt: totals, the data's token statistics, resumed_from_step
-  step        one per optimizer step: loss, lr, grad norm, tokens, speed, ETA, peak memory (dpo: rewards,
-              reward accuracy and margin, log-probs; grpo: rl, the rollouts' rewards and timing)
-  eval        after an evaluation: eval loss and token accuracy, the best so far
+  step        one per optimizer step: loss, lr, grad norm, tokens, speed, ETA, peak memory, and its
+              objective's own metrics (sft: token accuracy; dpo: rewards, reward accuracy and margin,
+              log-probs; grpo: rl, the rollouts' rewards and timing)
+  eval        after an evaluation: eval loss, the best so far, and its objective's own metrics (sft: token
+              accuracy and tokens; dpo: as its step's; grpo: rl)
   checkpoint  after a checkpoint is complete on disk
   samples     before/after greedy completions (spec.sample_prompts): at an evaluation (sample_at_eval)
               and at the end, before done
@@ -21,6 +23,10 @@ resumed_from_step = k supersedes every earlier step, eval, checkpoint and sample
 (samples at step k itself, e.g. the end's when a run died before done, are kept: latest_samples
 keeps one set per (step, at), the newest).
 `read_records` applies it; every reader (worker, API, tests) goes through it or through RecordTail.
+
+A step or eval record carries the metrics its objective set (OBJECTIVE_FIELDS; encode leaves the other
+objectives' out), and reads the others as None: files written before, which held every objective's
+fields (null where not its own), read the same.
 """
 
 from __future__ import annotations
@@ -117,11 +123,11 @@ class StartRecord(_Record):
     predicted_reserved_bytes: int | None = None
 
 
-class _PreferenceMetrics(_Record):
-    """Objective dpo (training.dpo), means over a step's pairs (an eval record: the validation pairs,
-    its eval_loss their DPO loss): rewards (beta x the log-prob ratio to the reference; simpo: beta x
-    the mean token log-prob), the share of pairs whose chosen reward is higher, and the completions'
-    summed log-probs. Absent for sft."""
+class PreferenceMetrics(_Record):
+    """Objective dpo's own metrics (training.objectives.dpo.metrics), means over a step's pairs (an eval
+    record: the validation pairs, its eval_loss their DPO loss): rewards (beta x the log-prob ratio to the
+    reference; simpo: beta x the mean token log-prob), the share of pairs whose chosen reward is higher,
+    and the completions' summed log-probs. Flat in the step and eval records, as readers have them."""
 
     rewards_chosen: float | None = None
     rewards_rejected: float | None = None
@@ -132,9 +138,10 @@ class _PreferenceMetrics(_Record):
 
 
 class RLMetrics(_Record):
-    """Objective grpo (training.objectives.grpo): a step's rollouts and their grades (an eval record: the
-    validation prompts' greedy answers). Means over the graded samples; `scores`: each named grader of a
-    multi grader; `errors`: how many samples hit each of OpenAI's grader errors; `timing`: seconds."""
+    """Objective grpo's own metrics (training.objectives.grpo.metrics): a step's rollouts and their grades
+    (an eval record: the validation prompts' greedy answers). Means over the graded samples; `scores`:
+    each named grader of a multi grader; `errors`: how many samples hit each of OpenAI's grader errors;
+    `timing`: seconds."""
 
     samples: int
     reward_mean: float | None = None  # over the samples whose reward is a number
@@ -150,7 +157,7 @@ class RLMetrics(_Record):
     timing: dict[str, float] = Field(default_factory=dict)  # sampling, grading, training
 
 
-class StepRecord(_PreferenceMetrics):
+class StepRecord(PreferenceMetrics):
     type: Literal["step"] = "step"
     step: int
     total_steps: int
@@ -165,20 +172,23 @@ class StepRecord(_PreferenceMetrics):
     eta_s: float | None = None
     peak_mem_bytes: int | None = None  # CUDA: max_memory_allocated; a CPU: live tensor bytes
     peak_reserved_bytes: int | None = None  # CUDA: max_memory_reserved (the allocator's segments)
+    # The objective's own metrics (OBJECTIVE_FIELDS), dpo's from PreferenceMetrics.
     # sft: share of the step's target tokens whose argmax prediction is the label (all micro-batches and
     # ranks, so the same for every split of the step)
     token_accuracy: float | None = None
     rl: RLMetrics | None = None  # grpo: rewards, grader errors, timing
 
 
-class EvalRecord(_PreferenceMetrics):
+class EvalRecord(PreferenceMetrics):
     type: Literal["eval"] = "eval"
     step: int
     eval_loss: float | None
+    # The objective's own metrics (OBJECTIVE_FIELDS), dpo's from PreferenceMetrics: sft's token accuracy
+    # and tokens, grpo's rl (the validation prompts' rewards; eval_loss is null).
     eval_token_accuracy: float | None = None
     eval_tokens: int | None = None
     best_eval_loss: float | None = None
-    rl: RLMetrics | None = None  # grpo: the validation prompts' rewards (eval_loss is null)
+    rl: RLMetrics | None = None
 
 
 class CheckpointRecord(_Record):
@@ -225,9 +235,20 @@ _RECORD: TypeAdapter[Record] = TypeAdapter(Record)
 SUPERSEDED_BY_RESUME = (StepRecord, EvalRecord, CheckpointRecord, SamplesRecord)
 
 
+_PREFERENCE = tuple(PreferenceMetrics.model_fields)
+# Each objective's own fields of a step and of an eval record.
+OBJECTIVE_FIELDS: dict[type[_Record], dict[str, tuple[str, ...]]] = {
+    StepRecord: {"sft": ("token_accuracy",), "dpo": _PREFERENCE, "grpo": ("rl",)},
+    EvalRecord: {"sft": ("eval_token_accuracy", "eval_tokens"), "dpo": _PREFERENCE, "grpo": ("rl",)},
+}
+
+
 def encode(record: _Record) -> str:
-    """One line of metrics.jsonl (without the newline)."""
-    return record.model_dump_json()
+    """One line of metrics.jsonl (without the newline). A step or eval record's objective fields are
+    written where its objective set them (training.recipe passes the objective's own), not the others'."""
+    by_objective = OBJECTIVE_FIELDS.get(type(record), {})
+    unset = {f for fields in by_objective.values() for f in fields if f not in record.model_fields_set}
+    return record.model_dump_json(exclude=unset or None)
 
 
 def parse_record(line: bytes | str) -> Record | None:

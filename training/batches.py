@@ -2,7 +2,7 @@
 
 A step's global batch is a list of rows: a padded row is one example; a packed row is examples
 packed (best-fit decreasing) into at most max_seq_len tokens. With objective dpo an example is a
-preference pair (training.preference), its length both sides' tokens, and a packed row holds
+preference pair (training.objectives.dpo.pairs), its length both sides' tokens, and a packed row holds
 2 x max_seq_len tokens: a step then counts pairs, and a pair is never split. With objective grpo a row
 is one prompt (its completions are sampled during the step, training.objectives.grpo), never packed.
 A step holds micro x accumulation x num_gpus rows, or with examples_per_step (what /v1's batch_size
@@ -138,7 +138,7 @@ def largest_micro_batch(
     planner counts activations and logits with (each the largest over the micro-batches, so together
     a bound). `lengths`: what batching counts per example (a pair: both sides); `widths`: an example's
     longest sequence (a pair: its longer side); `targets`: its scored tokens, the only positions the
-    engine computes logits for (training.step.token_loss_sum).
+    engine computes logits for (training.objectives.sft.loss).
     Padded: a micro-batch is its rows padded to their longest, rounded up (a pair: both sides). Packed:
     one row of its examples' tokens, in which attention runs per example. The run's steps in order
     (max_steps may end it early), over its first SHAPE_EPOCHS epochs.

@@ -48,7 +48,7 @@ class Tokenized:
 
     @property
     def length(self) -> int:
-        """Tokens the example takes in a micro-batch (training.preference.Pair: both sides')."""
+        """Tokens the example takes in a micro-batch (training.objectives.dpo.pairs.Pair: both sides')."""
         return len(self.input_ids)
 
     @property

@@ -28,7 +28,7 @@ def save_adapter(
 
     `weights` are the whole trainable tensors by name (gathered from all ranks under FSDP)."""
     with atomic_dir(adapter_dir) as tmp:
-        # the trained adapter only ("default"), not a continued job's frozen reference copy (training.dpo)
+        # the trained adapter only ("default"), not a continued job's frozen reference (training.reference)
         net.save_pretrained(  # type: ignore[operator]
             tmp, safe_serialization=True, state_dict=weights, selected_adapters=["default"]
         )

@@ -48,8 +48,8 @@ WARM_IMPORTS = (
     "transformers.models.llama.modeling_llama",
     "peft",
     "training.recipe",
-    "training.dpo",
-    "training.grpo_loss",
+    "training.objectives.dpo",
+    "training.objectives.grpo",
 )
 
 

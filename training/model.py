@@ -168,12 +168,12 @@ def peft_targets(config, targets: list[str] | str) -> tuple[list[str] | str, lis
 def attach_trained_lora(model, spec: JobSpec, adapter_dir: Path):
     """An earlier job's adapter, trained on (its shape: r, alpha, target modules; this spec's dropout).
     With a reference (objective dpo, not simpo) the same adapter is loaded a second time as "ref",
-    frozen and without dropout: training.dpo's reference policy, on the same base weights."""
+    frozen and without dropout: the reference policy (training.reference), on the same base weights."""
     from peft import get_peft_model
     from peft.utils import set_peft_model_state_dict
 
     from training import dropout
-    from training.dpo import REF_ADAPTER
+    from training.reference import REF_ADAPTER
 
     config, weights = read_trained_adapter(adapter_dir)
     if not config.target_parameters:  # a checkpoint's spec names, or a dense model's: as attach_lora's

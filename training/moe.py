@@ -16,7 +16,7 @@ The router logits are collected by forward hooks on the router modules (the clas
 as router_logits), and the loss is made after the forward, outside any checkpointed region, so that
 gradient checkpointing recomputes nothing of it. Which token belongs to which example is worked out on
 the host once per micro-batch (Routes), as the dropout masks' layout is (training.dropout). The term is
-sft's (training.step); dpo's and grpo's losses leave it out, as does the evaluation loss.
+sft's (training.objectives.sft.loss); dpo's and grpo's losses leave it out, as does the evaluation loss.
 """
 
 from __future__ import annotations

@@ -359,8 +359,7 @@ def record_step(state: State, r: StepResult, seconds: float, steps_in_epoch: int
             eta_s=eta,
             peak_mem_bytes=peak,
             peak_reserved_bytes=state.tracker.reserved_bytes,
-            token_accuracy=r.token_accuracy,
-            **r.fields,  # dpo: rewards, reward accuracy, log-probs; grpo: rl
+            **r.fields,  # the objective's own: sft token accuracy; dpo rewards, log-probs; grpo rl
         )
     )
     reserved = state.tracker.reserved_bytes

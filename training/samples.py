@@ -151,7 +151,7 @@ def example_prompt(e: Example, tokenizer: Any, max_seq_len: int) -> Prompt | Non
 
 
 def pair_prompts(pairs: Sequence[Any], tokenizer: Any, n: int) -> list[Prompt]:
-    """dpo: the prompts of the first n pairs, as training tokenized them (training.preference.Pair)."""
+    """dpo: the prompts of the first n pairs, as training tokenized them (objectives.dpo.pairs.Pair)."""
     out = []
     for pair in pairs[:n]:
         ids = list(pair.chosen.input_ids[: pair.prompt_len])

@@ -8,7 +8,7 @@ seed and validation_fraction shape the result.
 Prints one JSON object on stdout: training.data.token_stats's fields (count, p50, p95, max,
 over_max_seq_len, over_length) plus max_seq_len, packing, dropped, micro_batches_per_epoch,
 steps_per_epoch, examples_per_micro_batch and run_epochs, and exits 0. With objective dpo an example is a
-preference pair (training.preference.pair_stats: also prompt_p50/p95/max, completion_p50/p95/max,
+preference pair (training.objectives.dpo.pairs.pair_stats: also prompt_p50/p95/max, completion_p50/p95/max,
 truncated and kind "preference"). On an error it prints
 {"error": {"code", "message"}} and exits 1. Loads the tokenizer only (no weights), never with remote
 code; its launcher (models.token_stats, which says who runs it when) passes paths it resolved from ids,
@@ -46,7 +46,7 @@ def compute(
     from training.objectives import objective_class
 
     tokenizer = _tokenizer(model_dir)
-    # dpo's pairs add prompt and completion lengths and the pairs truncated (training.preference); count,
+    # dpo's pairs add prompt and completion lengths and the pairs truncated (objectives.dpo.pairs); count,
     # p50, ... describe a pair's longer side (what max_seq_len bounds); grpo's: its prompts
     load = objective_class(spec).load
     items, dropped, stats = load(dataset, tokenizer, spec, column_mapping)

@@ -59,7 +59,7 @@ class TokenStats(BaseModel):
     max_micro_batch_targets: int | None = Field(
         None, description="The most scored tokens in a micro-batch (the positions logits are computed for)."
     )
-    # Objective dpo (training.preference.pair_stats): an example is a preference pair, and count, p50,
+    # Objective dpo (training.objectives.dpo.pairs): an example is a preference pair, and count, p50,
     # p95, max and over_max_seq_len are of its longer side (prompt + longer reply, what max_seq_len bounds).
     kind: Literal["sft", "preference"] | None = Field(None, description="preference: pairs (dpo).")
     prompt_p50: int | None = Field(None, description="dpo: median prompt tokens.")

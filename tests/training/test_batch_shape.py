@@ -10,7 +10,7 @@ from core.spec import JobSpec
 from training import batches
 from training.data import IGNORE, PAD_MULTIPLE, Tokenized
 from training.memory import batch_shape
-from training.preference import Pair, Sequences, sequence_indices
+from training.objectives.dpo.pairs import Pair, Sequences, sequence_indices
 from training.rollouts import Completion, PromptItem
 from training.step import count_targets, make_batch
 

@@ -29,7 +29,7 @@ from tests.training.util import (
 )
 from training import batches
 from training.data import IGNORE, tokenize_example
-from training.preference import Whole, fit_pair, load_for_training, sequence_indices, tokenize_pair
+from training.objectives.dpo.pairs import Whole, fit_pair, load_for_training, sequence_indices, tokenize_pair
 from training.run import run
 from training.step import make_batch
 from worker.runner import training_command
@@ -142,7 +142,7 @@ def test_pair_statistics_and_dropped_pairs(tokenizer, tmp_path: Path) -> None:
 def test_a_pair_is_never_split_across_micro_batches(tokenizer, tmp_path: Path, packing: bool) -> None:
     from core.spec import JobSpec
     from tests.training.util import write_jsonl
-    from training.preference import Sequences
+    from training.objectives.dpo.pairs import Sequences
 
     path = write_jsonl(tmp_path / "p.jsonl", pair_rows(21))
     spec = JobSpec(base_model="tiny", dataset_id="testdata01", objective="dpo", max_seq_len=64,

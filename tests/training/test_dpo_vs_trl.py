@@ -3,9 +3,9 @@ metrics and LoRA gradients as TRL's DPOTrainer (trl is a test-only dependency, p
 
 TRL's trainer is driven on one batch: its own tokenization (DPOTrainer._prepare_dataset), its own
 collator (DataCollatorForPreference) and `trainer.compute_loss` + backward. ftune's side is
-training.dpo.micro_batch_loss on a micro-batch holding the whole step (so the step's normalisers are
-the batch's), padded and packed. The adapters start equal and away from zero (LoRA B is 0 at init,
-where policy = reference and every loss is trivially log 2), and both reference policies are checked:
+training.objectives.dpo.loss.micro_batch_loss on a micro-batch holding the whole step (so the step's
+normalisers are the batch's), padded and packed. The adapters start equal and away from zero (LoRA B is 0
+at init, where policy = reference and every loss is trivially log 2), and both reference policies are checked:
 the adapter disabled (a fresh adapter), and a frozen copy of the starting adapter (a job continuing
 from an earlier one: TRL's "ref" adapter, ftune's spec.init_from). SimPO, which TRL's DPOTrainer does
 not have, is checked against the paper's formula computed here from one forward per sequence.
@@ -22,8 +22,10 @@ import torch
 
 from core.data.examples import to_preference
 from core.spec import JobSpec
-from training import dpo, model
-from training.preference import Sequences, fit_pair, sequence_indices, tokenize_pair
+from training import model
+from training.objectives.dpo import loss as dpo
+from training.objectives.dpo.metrics import metrics
+from training.objectives.dpo.pairs import Sequences, fit_pair, sequence_indices, tokenize_pair
 from training.step import Parts, make_batch, make_optimizer
 
 trl = pytest.importorskip("trl")
@@ -150,7 +152,7 @@ def ftune_loss_and_grads(parts: Parts, tokenizer) -> tuple[torch.Tensor, dict[st
     loss, stats = dpo.micro_batch_loss(parts, batch, len(pairs), totals)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in parts.model.named_parameters() if p.grad is not None}
-    return loss.detach(), grads, dpo.metrics(stats.tolist(), len(pairs))
+    return loss.detach(), grads, metrics(stats.tolist(), len(pairs))
 
 
 def test_tokenization_equals_trl(tiny_model: Path, tokenizer, tmp_path: Path) -> None:

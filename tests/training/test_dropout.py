@@ -14,8 +14,9 @@ from tests.training.util import qa_rows, write_jsonl
 from training import dropout
 from training.data import Tokenized, collate, load_dataset
 from training.model import load_model, trainable_parameters
+from training.objectives.sft.loss import TokenLoss
 from training.packing import collate_packed
-from training.step import Parts, accumulate_gradients, make_optimizer
+from training.step import Parts, accumulate_gradients, count_targets, make_optimizer
 
 KEY = (42, 0)  # (seed, epoch)
 
@@ -142,7 +143,8 @@ def test_gradient_checkpointing_recomputes_the_same_masks(
         batch = collate_packed(data) if packing else dict(collate(data, 0))
         model.train()
         torch.manual_seed(123)  # the global RNG would differ between the two; the masks must not
-        accumulate_gradients(parts, [batch], layouts=[dropout.layout(s, data, range(4), KEY)])
+        loss_fn = TokenLoss(parts, count_targets(batch))
+        accumulate_gradients(parts, [batch], loss_fn, layouts=[dropout.layout(s, data, range(4), KEY)])
         grads.append([p.grad.clone() for p in params])
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

@@ -12,8 +12,9 @@ from safetensors.torch import load_file
 from core.storage import ADAPTER_DIR, MERGED_DIR, METRICS_FILE
 from tests.training.util import qa_rows, read_metrics, write_jsonl
 from training.data import DatasetError, Tokenized, collate, load_dataset
-from training.evaluate import evaluate, split_validation
+from training.evaluate import split_validation
 from training.model import load_model
+from training.objectives.sft.evaluate import evaluate
 from training.run import EXIT_OK, run
 
 

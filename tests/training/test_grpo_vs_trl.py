@@ -1,5 +1,5 @@
-"""ftune's GRPO objective is TRL 1.16's: training.grpo_loss against GRPOTrainer's own code on a tiny
-Llama in float64 (trl is a test-only dependency, pinned in pyproject.toml).
+"""ftune's GRPO objective is TRL 1.16's: training.objectives.grpo.loss against GRPOTrainer's own code on a
+tiny Llama in float64 (trl is a test-only dependency, pinned in pyproject.toml).
 
 The loss and the model's gradient: TRL's `_compute_loss(model, inputs)` on fixed inputs (prompts,
 completions, advantages, old and reference log-probs, num_items_in_batch) against per_token_logps +
@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import torch
 
-from training import grpo_loss
-from training.grpo_loss import StepTotals, grpo_token_loss, per_token_logps
+from training.objectives.grpo import loss as grpo_loss
+from training.objectives.grpo.loss import StepTotals, grpo_token_loss, per_token_logps
 
 trl = pytest.importorskip("trl")
 

@@ -12,7 +12,8 @@ from tests.training.util import qa_rows, write_jsonl
 from training.batches import total_steps
 from training.data import collate, load_dataset
 from training.model import load_model, trainable_parameters
-from training.step import Parts, accumulate_gradients, lr_at, make_optimizer, optimizer_step
+from training.objectives.sft.loss import TokenLoss
+from training.step import Parts, accumulate_gradients, count_targets, lr_at, make_optimizer, optimizer_step
 
 
 def spec(**kw) -> JobSpec:
@@ -43,7 +44,8 @@ def test_accumulation_matches_one_big_batch_on_unequal_lengths(
     results = []
     for micro_batches in ([collate(items, 0)], [collate([t], 0) for t in items]):
         t = make_parts(tiny_model, method=method)
-        loss, tokens = accumulate_gradients(t, micro_batches)
+        tokens = sum(count_targets(b) for b in micro_batches)
+        loss = accumulate_gradients(t, micro_batches, TokenLoss(t, tokens))
         grads = [p.grad.clone() for p in t.params]
         optimizer_step(t, lr=1e-2)
         results.append((float(loss), tokens, grads, [p.detach().clone() for p in t.params]))

@@ -16,8 +16,9 @@ from training.batches import epoch_steps, split_step, total_steps
 from training.data import IGNORE, PAD_MULTIPLE, Tokenized, collate, load_dataset
 from training.loss import TARGET_KEYS
 from training.model import load_model, trainable_parameters
+from training.objectives.sft.loss import TokenLoss
 from training.packing import ATTN_NAME, collate_packed, packed_attention, per_example_attention
-from training.step import Parts, accumulate_gradients, make_optimizer
+from training.step import Parts, accumulate_gradients, count_targets, make_optimizer
 
 
 def make_trainer(tiny_model: Path, items, **kw) -> Parts:
@@ -43,11 +44,15 @@ def test_packed_loss_and_gradients_equal_per_example(tiny_model: Path, items, me
     # transformers' own eager attention with its causal mask: a reference that shares no code with ours
     per_example = make_trainer(tiny_model, items, method=method, packing=False, attn_implementation="eager")
     assert per_example.model.config._attn_implementation == "eager"
-    loss_a, tok_a = accumulate_gradients(per_example, [collate([t], 0) for t in items])
+    batches = [collate([t], 0) for t in items]
+    tok_a = sum(count_targets(b) for b in batches)
+    loss_a = accumulate_gradients(per_example, batches, TokenLoss(per_example, tok_a))
 
     packed = make_trainer(tiny_model, items, method=method, packing=True)
     assert packed.model.config._attn_implementation == ATTN_NAME
-    loss_b, tok_b = accumulate_gradients(packed, [collate_packed(items)])
+    packed_batch = collate_packed(items)
+    tok_b = count_targets(packed_batch)
+    loss_b = accumulate_gradients(packed, [packed_batch], TokenLoss(packed, tok_b))
 
     assert tok_a == tok_b == sum(t.num_targets for t in items)
     assert float(loss_b) == pytest.approx(float(loss_a), abs=1e-4)

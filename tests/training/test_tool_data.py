@@ -17,7 +17,7 @@ from tests.training.conftest import DATASET_ID
 from tests.training.util import write_jsonl
 from training.chat_template import template_message
 from training.data import IGNORE, DatasetError, tokenize_example, tokenize_file
-from training.preference import tokenize_pair
+from training.objectives.dpo.pairs import tokenize_pair
 from training.rollouts import load_for_training as load_prompts
 from training.template_check import model_problem
 

@@ -7,7 +7,12 @@ and which of its items give the before/after sample prompts (`sample_prompts`). 
 these and never ask which objective runs. Its planner terms are the planner's (core.planner: the
 reference's forward, grpo's rollouts), which admission runs without torch.
 
-Adding an objective: a module with a class that has these members, and a line in OBJECTIVES.
+Each objective has one home, a package here: its data where training.data's examples are not it (dpo's
+pairs), its loss, its step (on training.step's shared accumulation and update), its metrics (what its
+step and eval records carry, core.run_protocol.OBJECTIVE_FIELDS) and its evaluation. The reference
+policy dpo and grpo compare with is the model layer's (training.reference).
+
+Adding an objective: a package with a class that has these members, and a line in OBJECTIVES.
 """
 
 from __future__ import annotations

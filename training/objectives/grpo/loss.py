@@ -1,4 +1,4 @@
-"""GRPO's objective as TRL 1.16's GRPOTrainer computes it: advantages, per-token log-probs, the loss.
+"""grpo's loss as TRL 1.16's GRPOTrainer computes it: advantages, per-token log-probs, the loss.
 
 Pure torch on tensors a caller already holds: no model, no batch building, no generation.
 

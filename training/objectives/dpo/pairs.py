@@ -1,4 +1,4 @@
-"""Preference pairs -> token ids + labels, and the flat view of sequences a micro-batch is collated from.
+"""dpo's data: preference pairs -> token ids + labels, and the flat view of sequences a micro-batch reads.
 
 A pair is a prompt and two replies, chosen and rejected (core.data.examples.PreferenceExample). Each
 side is one sequence, prompt + reply, tokenized exactly as SFT tokenizes an example (training.data):

@@ -1,4 +1,9 @@
-"""Objective sft: next-token loss on the examples' targets (training.data, training.step)."""
+"""Objective sft: next-token cross-entropy on the examples' targets (training.data reads them).
+
+Its home: loss (a micro-batch's token losses over the step's target tokens, and a MoE router's
+load-balancing term), step (one optimizer step on a global batch of examples; its metric: the token
+accuracy) and evaluate (loss and token accuracy on a held-out split).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from core.spec import JobSpec
-from training import data, evaluate, step
+from training import data
 from training.batches import Step
 from training.objectives.base import BaseObjective, Evaluation
+from training.objectives.sft import evaluate, step
 from training.step import StepResult
 
 
