@@ -71,7 +71,9 @@ def test_create_with_every_hyperparameter_runs_and_reports_rewards(rft: Any) -> 
     assert (hp.n_epochs, hp.batch_size, hp.eval_interval, hp.eval_samples) == (1, 2, 2, 4)
     assert hp.compute_multiplier == 0.5 and hp.reasoning_effort == "low"  # 2 generations a prompt
     assert hp.learning_rate_multiplier == pytest.approx(10)
-    assert native.get(f"/jobs/{job.id}").json()["spec"]["num_generations"] == 2
+    spec = native.get(f"/jobs/{job.id}").json()["spec"]
+    assert spec["num_generations"] == 2
+    assert spec["response_format"] == method["reinforcement"]["response_format"]  # rollouts keep to it
     done = wait_for(sdk, job.id, {"succeeded"}, timeout=400)
     assert done.fine_tuned_model
     # the result answers through chat completions (`ftune up`'s engine), as a supervised job's does
@@ -91,6 +93,46 @@ def test_create_with_every_hyperparameter_runs_and_reports_rewards(rft: Any) -> 
     evaluated = [m for m in metrics if "valid_reward_mean" in m["scores"]]
     assert [m["step"] for m in evaluated] == [2, 4]
     assert all("eval" in m["timing"]["step"] for m in evaluated)
+
+
+def test_rollouts_keep_to_the_response_format(rft: Any) -> None:
+    """Every rollout of the random demo model is the schema's JSON (constrained decoding): a grader that
+    reads `sample.output_json` scores all of them 1; free text would score 0."""
+    sdk, _, file_id = rft
+    method = {
+        "type": "reinforcement",
+        "reinforcement": {
+            "grader": {
+                "type": "string_check",
+                "name": "verdict",
+                "input": "{{sample.output_json.verdict}}",
+                "reference": "yes",
+                "operation": "eq",
+            },
+            "hyperparameters": {"n_epochs": 1, "batch_size": 2},
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "verdict",
+                    "strict": True,
+                    "schema": {
+                        "type": "object",
+                        "properties": {"verdict": {"type": "string", "enum": ["yes"]}},
+                        "required": ["verdict"],
+                        "additionalProperties": False,
+                    },
+                },
+            },
+        },
+    }
+    settings = {**QUICK, "max_completion_tokens": 24, "max_steps": 2}
+    job = sdk.fine_tuning.jobs.create(
+        model="ftune-demo", training_file=file_id, seed=3, method=method, extra_body=settings
+    )
+    assert wait_for(sdk, job.id, {"succeeded"}, timeout=400).status == "succeeded"
+    events = sdk.fine_tuning.jobs.list_events(job.id, limit=100).data
+    rewards = [e.data["scores"]["train_reward_mean"] for e in events if e.type == "metrics"]
+    assert rewards == [1.0, 1.0], rewards
 
 
 def test_pause_resume_and_cancel(rft: Any) -> None:

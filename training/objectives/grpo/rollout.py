@@ -4,11 +4,16 @@ A failed grade scores 0 and counts its error (metrics.summarize)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
 from core.graders import GradeContext, Grader, GradeResult, grade_many, make_sample, parse_grader
+from core.response_format import schema_of
 from training import rollouts
+from training.decoding.constraint import Grammar
 from training.grading import grade_context
 from training.objectives.base import Context
 from training.rollouts import Completion, PromptItem
@@ -24,7 +29,8 @@ def sample(
 ) -> list[list[Completion]]:
     """`n` answers to each prompt (temperature 0: greedy), seeded by `seed` ((spec seed, step): a resumed
     run samples what an uninterrupted one would), `chunk` prompts per generate() call. Every answer grpo
-    trains on or evaluates comes from this one call."""
+    trains on or evaluates comes from this one call; under the spec's response_format each keeps to its
+    JSON (constrained decoding)."""
     parts, spec = ctx.parts, ctx.spec
     return rollouts.sample(
         parts.model,
@@ -37,7 +43,18 @@ def sample(
         device=parts.device,
         autocast=parts.autocast,
         chunk=chunk,
+        grammar=response_grammar(ctx.tokenizer, spec.rl.response_format),
     )
+
+
+def response_grammar(tokenizer: Any, response_format: dict[str, Any] | None) -> Grammar | None:
+    """The grammar of a reinforcement job's response_format (None: free text), compiled once a run."""
+    return None if response_format is None else _grammar(tokenizer, json.dumps(response_format))
+
+
+@lru_cache(maxsize=4)
+def _grammar(tokenizer: Any, response_format: str) -> Grammar:
+    return Grammar.json_schema(tokenizer, schema_of(json.loads(response_format)))
 
 
 @dataclass(frozen=True)
