@@ -38,6 +38,9 @@
 #            "lora-8b,qlora-8b"), packed 2 x 4096, 8 steps, 2 not timed; the planner's prediction beside
 #            max_memory_reserved -> $OUT/gpu_check_8b.json                       share 200 s (est. 130-200)
 #     check  bench/gpu_check.py --steps 6 (the 1.1B planner check of earlier sessions) -> gpu_check.json
+#     moe, vl  bench/gpu_check.py --shape moe|vl: the planner on a random Qwen3-MoE (~1.4B, 16 experts) and
+#            Qwen2.5-VL (~1B) against max_memory_reserved (issue 43) -> gpu_check_moe.json, _vl.json
+#                                                                                share 150 s each (guess)
 #     profile, kernels, fused, grpo, decode, lora_layer: the benches of earlier sessions (step_profile.py,
 #            gpu_kernels.py, fused_ops.py, gpu_grpo.py, rollouts_decode.py --now with .whl/decode first,
 #            lora_layer.py), each with its earlier share
@@ -215,6 +218,14 @@ part() {
       timeout -k 15 "$t" python3 bench/gpu_check.py --shape 8b --configs "$CONFIGS_8B" --steps 8 --warmup 2 \
         --models "$MODELS" --keep "$WORK/check-8b" --json-out "$OUT/gpu_check_8b.json"
       echo "gpu_check 8b exit $? at ${SECONDS}s"
+      ;;
+    moe|vl)  # issue 43: the planner on the new families (a random ~1.4B Qwen3-MoE, a ~1B Qwen2.5-VL)
+      t=$(part_timeout 150)
+      if ((t < 60)); then echo "== $1: skipped, ${t}s left at ${SECONDS}s"; return; fi
+      echo "== bench/gpu_check.py --shape $1 --steps 6 (timeout ${t}s) at ${SECONDS}s"
+      timeout -k 15 "$t" python3 bench/gpu_check.py --shape "$1" --steps 6 --models "$MODELS" \
+        --keep "$WORK/check-$1" --json-out "$OUT/gpu_check_$1.json"
+      echo "gpu_check $1 exit $? at ${SECONDS}s"
       ;;
     check)
       t=$(part_timeout 200)
