@@ -196,3 +196,15 @@ def test_gpu_check_smoke_of_the_8b_path_runs_lora_and_qlora_on_a_cpu(tmp_path: P
         assert r["flops"]["lora_flops_per_token"] > 0
     assert [r["method"] for r in rows] == ["lora", "qlora"]
     assert "MFU LoRA" in done.stdout and "  FLOPs: N_total" in done.stdout
+
+
+def test_the_new_families_run_their_configs_on_a_cpu(tmp_path: Path) -> None:
+    """--shape moe and vl (issue 43's GPU check) with --smoke: a tiny Qwen3-MoE trains LoRA, LoRA with
+    checkpointing and QLoRA, a tiny Qwen2.5-VL the two LoRA configs on images; each row has its plan."""
+    for shape, configs in (("moe", ["lora", "lora+ckpt", "qlora"]), ("vl", ["lora", "lora+ckpt"])):
+        done = bench(
+            "gpu_check.py", "--smoke", "--shape", shape, "--steps", "2", "--keep", str(tmp_path / shape)
+        )
+        rows = json.loads(done.stdout.strip().splitlines()[-1])
+        assert [r["config"] for r in rows] == configs
+        assert all(r["exit"] == 0 and r["steps_done"] == 2 and r["plan_allocated_gib"] > 0 for r in rows)
