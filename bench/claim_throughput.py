@@ -7,12 +7,14 @@ For each database (SQLite file; PostgreSQL on 127.0.0.1:5432 when it runs) and e
 1. submit: --jobs POST /jobs from 8 client threads (quota, admission with the plan, row, plan file,
    wake-up on the broker): jobs/s.
 2. claim: N Celery worker processes on the jobs queue, each consuming the real wake-ups and claiming
-   with the worker's own code (worker.dispatch.pass_on, then models.fairshare.claim_next with
-   models.placement on declared devices), ending each job at once instead of training it: claims/s from
+   with the worker's own code (worker.dispatch.pass_on, then worker.claiming.claim_next: the fair pick
+   with models.placement on declared devices, the gang check of multi-node jobs, the placement record),
+   ending each job at once instead of training it: claims/s from
    the first to the last claim. This bounds how many jobs the fleet can start per second; training itself
    takes minutes to days per job.
 Prints measured next to the goal (a fleet of a few hundred GPUs starting jobs that run for minutes needs a
-few claims per second; the goal is 20).
+few claims per second; the goal is 20) and the baseline of docs/scaling.md (2026-11-24, before gang
+placement, when the bench claimed through models.fairshare.claim_next alone).
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ sys.path.insert(0, str(ROOT))
 
 GOAL_SUBMIT_PER_S = 20.0
 GOAL_CLAIM_PER_S = 20.0
+# docs/scaling.md, 2026-11-24: (db, claiming workers) -> (submitted/s, claimed/s), 200 jobs
+BASELINE = {
+    ("sqlite", 1): (57, 50),
+    ("sqlite", 4): (94, 92),
+    ("postgres", 1): (73, 80),
+    ("postgres", 4): (60, 34),
+}
 KEY = "ftk_0123456789ab_" + "b" * 32
 DEVICES = "cpu:16GiB"
 
@@ -47,7 +56,9 @@ from core.states import JobStatus
 from models import fairshare, jobs as jobs_db
 from models.db import make_engine, make_session_factory, session_scope
 from models.placement import Placer
+from core.storage import Storage
 from worker.celery_app import create_celery
+from worker.claiming import claim_next
 from worker.devices import detect_devices
 from worker.dispatch import pass_on
 
@@ -56,17 +67,23 @@ app = create_celery(settings)  # a bare app: this bench registers its own run_jo
 sessions = make_session_factory(make_engine(settings.resolved_database_url))
 placer = Placer(Catalog(settings.models_dir))
 devices = detect_devices(settings.worker_devices)
+storage = Storage(settings.data_dir)
 wake = Enqueuer(app.send_task, RUN_JOB)
 me = sys.argv[2]
 
 def claim_and_end() -> bool:
+    if sys.argv[3] == "fairshare":  # the baseline's path: the fair pick alone, no gang check, no record
+        with session_scope(sessions) as s:
+            picked = fairshare.claim_next(s, can_run=lambda j: placer.fits(j, devices), worker_id=me,
+                                          lease_seconds=60)
+            got = (picked[0].id, picked[1]) if picked else None
+    else:
+        got = claim_next(sessions, settings=settings, storage=storage, placer=placer, devices=devices,
+                         worker=me)
+    if got is None:
+        return False
     with session_scope(sessions) as s:
-        got = fairshare.claim_next(s, can_run=lambda j: placer.fits(j, devices), worker_id=me,
-                                   lease_seconds=60)
-        if got is None:
-            return False
-        job, attempt = got
-        jobs_db.finish(s, job_id=job.id, attempt=attempt, dst=JobStatus.SUCCEEDED, message="bench")
+        jobs_db.finish(s, job_id=got[0], attempt=got[1], dst=JobStatus.SUCCEEDED, message="bench")
     return True
 
 @app.task(name=RUN_JOB, acks_late=True)
@@ -106,7 +123,7 @@ def _postgres_db() -> str | None:
     return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
 
 
-def run(db: str, workers: int, jobs: int, models_dir: Path, redis_db: int) -> tuple[float, float]:
+def run(db: str, workers: int, jobs: int, models_dir: Path, redis_db: int, path: str) -> tuple[float, float]:
     import httpx
     import redis
     from sqlalchemy import func, select
@@ -168,7 +185,7 @@ def run(db: str, workers: int, jobs: int, models_dir: Path, redis_db: int) -> tu
         assert codes == [202] * jobs, {c: codes.count(c) for c in set(codes)}
         claimers = [
             subprocess.Popen(
-                [sys.executable, "-c", CLAIMER, str(ROOT), f"bench-{i}@{uuid.uuid4().hex[:6]}"],
+                [sys.executable, "-c", CLAIMER, str(ROOT), f"bench-{i}@{uuid.uuid4().hex[:6]}", path],
                 env=env,
                 cwd=ROOT,
                 stdout=subprocess.DEVNULL,
@@ -224,6 +241,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--db", nargs="+", default=["sqlite", "postgres"])
+    parser.add_argument(
+        "--path",
+        choices=["worker", "fairshare"],
+        default="worker",
+        help="claim through worker.claiming (the fleet's path) or models.fairshare alone (the baseline's)",
+    )
     parser.add_argument("--broker-only", action="store_true", help="only the broker's publish rate")
     args = parser.parse_args()
     if args.broker_only:
@@ -234,18 +257,20 @@ def main() -> None:
     models_dir = Path(tempfile.mkdtemp(prefix="ftune-models-"))
     build_demo_model(models_dir)
     print(
-        f"{'db':9} {'workers':>7} {'jobs':>5} {'submitted/s':>12} {'goal':>6} {'claimed/s':>10} {'goal':>6}"
+        f"{'db':9} {'workers':>7} {'jobs':>5} {'submitted/s':>12} {'baseline':>9} {'claimed/s':>10} "
+        f"{'baseline':>9} {'goal':>6}"
     )
     rows = []
     for db in args.db:
         for n in args.workers:
-            submit, claim = run(db, n, args.jobs, models_dir, redis_db=14)
+            submit, claim = run(db, n, args.jobs, models_dir, redis_db=14, path=args.path)
             rows.append(
                 {"db": db, "workers": n, "jobs": args.jobs, "submit_per_s": submit, "claim_per_s": claim}
             )
+            base = BASELINE.get((db, n), (float("nan"), float("nan")))
             print(
-                f"{db:9} {n:>7} {args.jobs:>5} {submit:>12.1f} {GOAL_SUBMIT_PER_S:>6.0f} {claim:>10.1f} "
-                f"{GOAL_CLAIM_PER_S:>6.0f}",
+                f"{db:9} {n:>7} {args.jobs:>5} {submit:>12.1f} {base[0]:>9.0f} {claim:>10.1f} "
+                f"{base[1]:>9.0f} {GOAL_CLAIM_PER_S:>6.0f}",
                 flush=True,
             )
     print(json.dumps(rows))

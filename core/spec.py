@@ -364,7 +364,14 @@ class JobSpec(BaseModel):
         "sdpa", description="The attention kernel: torch's sdpa, eager, or flash_attention_2."
     )
     num_gpus: Annotated[int, PLACEMENT] = Field(
-        1, ge=1, le=256, description="GPUs the job runs on; over one, FSDP2 shards it across them."
+        1, ge=1, le=256, description="GPUs the job runs on per node; over one, FSDP2 shards it across them."
+    )
+    num_nodes: Annotated[int, PLACEMENT] = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Workers (machines) the job runs on at once, each with num_gpus devices: FSDP2 shards it "
+        "over num_nodes x num_gpus ranks under torchrun's c10d rendezvous (docs/scaling.md).",
     )
     priority: Annotated[int, RUN] = Field(
         0, ge=-100, le=100, description="Order among this tenant's own queued jobs: higher first, then FIFO."
@@ -478,7 +485,10 @@ class JobSpec(BaseModel):
     @property
     def batch(self) -> BatchArgs:
         packing = self.packing and self.objective != "grpo"  # grpo: a row is a prompt (RLArgs)
-        return self._view(BATCH, packing=packing, sequences_per_example=self.sequences_per_example)
+        ranks = self.num_gpus * self.num_nodes  # a step is split over every rank of every node
+        return self._view(
+            BATCH, packing=packing, sequences_per_example=self.sequences_per_example, num_gpus=ranks
+        )
 
     @property
     def preference(self) -> PreferenceArgs:

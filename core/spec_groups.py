@@ -175,7 +175,7 @@ class BatchArgs:
 
     micro_batch_size: int
     gradient_accumulation_steps: int
-    num_gpus: int
+    num_gpus: int  # the step's ranks: the spec's num_gpus x num_nodes
     max_seq_len: int
     packing: bool
     sequences_per_example: int
@@ -404,10 +404,11 @@ def _check_sample_prompt(i: int, p: Any) -> Any:
 
 @dataclass(frozen=True)
 class PlacementArgs:
-    """Where and how the job runs: on how many devices (FSDP over more than one), at what precision,
+    """Where and how the job runs: on how many devices and nodes (FSDP over more than one), at what precision,
     with which attention kernel, and whether activations are recomputed (gradient checkpointing)."""
 
-    num_gpus: int
+    num_gpus: int  # per node
+    num_nodes: int
     torch_dtype: TorchDtype
     mixed_precision: MixedPrecision
     master_weights: bool
@@ -415,9 +416,14 @@ class PlacementArgs:
     gradient_checkpointing: bool
 
     @property
+    def world_size(self) -> int:
+        """The job's ranks: num_gpus on each of num_nodes workers."""
+        return self.num_gpus * self.num_nodes
+
+    @property
     def sharded(self) -> bool:
         """More than one device: FSDP shards the model, its gradients and optimizer states."""
-        return self.num_gpus > 1
+        return self.world_size > 1
 
     @staticmethod
     def default_checkpointing(method: Any) -> bool:

@@ -173,6 +173,21 @@ class Worker(Base):
     stopped: Mapped[bool] = mapped_column(default=False)
 
 
+class NodeLease(Base):
+    """One node of a running multi-node job (spec num_nodes): the worker that runs it, placed with all the
+    job's other nodes in one transaction (models.nodes). The primary key is the worker: a worker holds
+    one node at a time, so two jobs can never both hold it."""
+
+    __tablename__ = "node_leases"
+
+    worker_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)  # 0: the worker that claimed the job (and owns its lease)
+    endpoint: Mapped[str] = mapped_column(String(300))  # host:port of rank 0's c10d rendezvous store
+    lease_until: Mapped[datetime]
+
+
 class IdempotencyKey(Base):
     """A client's Idempotency-Key: the first request's outcome is replayed for the same key and body."""
 

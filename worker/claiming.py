@@ -7,6 +7,7 @@ decided here, never by the message that woke the worker. The plan re-made on thi
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -15,10 +16,12 @@ from core.settings import Settings
 from core.storage import Storage, atomic_write_text
 from models import fairshare
 from models import jobs as jobs_db
+from models import nodes as nodes_db
 from models import workers as workers_db
 from models.db import session_scope
 from models.placement import Placer
 from models.tables import Job
+from models.tables import Worker as WorkerRow
 
 
 def claim_next(
@@ -30,22 +33,61 @@ def claim_next(
     devices: list[dict[str, Any]],
     worker: str,
 ) -> tuple[str, int] | None:
-    """(job id, attempt) of the job claimed and placed on this worker, or None when none can run here."""
-    with session_scope(sessions) as s:
-        claimed = fairshare.claim_next(
-            s,
-            can_run=lambda job: placer.fits(job, devices),
-            worker_id=worker,
-            lease_seconds=settings.lease_seconds,
-            running_limit=settings.max_running_jobs_per_tenant,
-        )
-        if claimed is None:
-            return None
-        job, attempt = claimed
-        _record_placement(
-            s, storage=storage, placer=placer, devices=devices, worker=worker, job=job, attempt=attempt
-        )
-        return job.id, attempt
+    """(job id, attempt) of the job claimed and placed on this worker, or None when none can run here. A
+    multi-node job is claimed only with all its other nodes leased in the same transaction (models.nodes):
+    if one was taken meanwhile, the whole claim rolls back and the job stays queued."""
+    try:
+        with session_scope(sessions) as s:
+            claimed = fairshare.claim_next(
+                s,
+                can_run=lambda job: placer.fits(job, devices) and _peers(s, placer, job, worker) is not None,
+                worker_id=worker,
+                lease_seconds=settings.lease_seconds,
+                running_limit=settings.max_running_jobs_per_tenant,
+            )
+            if claimed is None:
+                return None
+            job, attempt = claimed
+            peers = _peers(s, placer, job, worker)
+            if peers:
+                endpoint = f"{_hostname(s, worker)}:{free_port()}"
+                nodes_db.reserve(
+                    s,
+                    job_id=job.id,
+                    attempt=attempt,
+                    workers=[worker, *peers],
+                    endpoint=endpoint,
+                    lease_seconds=settings.lease_seconds,
+                )
+            _record_placement(
+                s, storage=storage, placer=placer, devices=devices, worker=worker, job=job, attempt=attempt
+            )
+            return job.id, attempt
+    except nodes_db.GangUnavailable:
+        return None
+
+
+def _peers(s: Session, placer: Placer, job: Job, worker: str) -> list[str] | None:
+    """The other nodes' workers for a multi-node job ([] for one node), or None when not enough are
+    free now (the job is not claimed: nothing is held while waiting)."""
+    want = int((job.spec or {}).get("num_nodes") or 1) - 1  # read raw: this runs per candidate per claim
+    if want == 0:
+        return []
+    free = nodes_db.idle_peers(s, fits=lambda w: placer.fits(job, w.devices), claimant=worker)
+    return [w.id for w in free[:want]] if len(free) >= want else None
+
+
+def _hostname(s: Session, worker: str) -> str:
+    """Where the other nodes reach this worker: the host it registered with."""
+    row = s.get(WorkerRow, worker)
+    return row.hostname if row is not None else socket.gethostname()
+
+
+def free_port() -> int:
+    """A port free on this machine now, for the rendezvous store of the attempt claimed here."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
 
 
 def _record_placement(

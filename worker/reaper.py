@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.states import JobStatus
 from models import jobs as jobs_db
+from models import nodes as nodes_db
 from models.db import session_scope
 from models.tables import utcnow
 
@@ -34,6 +35,7 @@ def reap(
                 requeued.append(job.id)
             elif outcome == JobStatus.FAILED:
                 failed += 1
+        nodes_db.release_stale(s, now=now)  # nodes of lost workers and of ended attempts: free again
         # A queued job with nothing in the broker's queue lost its message (e.g. a broker restart).
         if queue_depth() == 0:
             for job in jobs_db.stale_queued(s, now - timedelta(seconds=resend_after_seconds)):

@@ -12,6 +12,7 @@ The lease is extended on every progress tick; a stale worker's writes are refuse
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -36,6 +37,7 @@ from models.placement import Placer
 from worker.claiming import claim_next, set_current_job
 from worker.devices import detect_devices
 from worker.forking import READY_TIMEOUT_S, ForkServer
+from worker.nodes import Node, keep_node, my_node, release_nodes, reserved_node
 from worker.outcome import Outcome
 from worker.recording import Recorder
 from worker.run_config import write_run_config
@@ -86,10 +88,15 @@ class JobRunner:
         self.stopping = stopping or threading.Event()
         self.recorder = Recorder(sessions, self.storage, settings.lease_seconds)
         self.outcome = Outcome(settings, sessions, self.storage, enqueue)
+        self._node_lock = threading.Lock()  # held while this worker runs a node of another's job
+        self._busy = threading.Event()  # set while this worker runs a job it claimed
 
     def run(self, hint: str | None = None) -> str:
         """Claim the next job this worker can run by the fair policy and run it. `hint` is the job id the
-        wake-up carried: it does not decide which job runs (models.fairshare does). "skipped": none."""
+        wake-up carried: it does not decide which job runs (models.fairshare does). "skipped": none. A
+        worker leased as a node of another worker's multi-node job runs that node instead."""
+        if reserved_node(self.sessions, self.me) is not None:
+            return self.run_node()
         claimed = claim_next(
             self.sessions,
             settings=self.settings,
@@ -104,6 +111,7 @@ class JobRunner:
         job_id, attempt = claimed
         log.info("job %s: attempt %d claimed by %s (woken for %s)", job_id, attempt, self.me, hint)
         set_current_job(self.sessions, self.me, job_id)
+        self._busy.set()
         try:
             run_json = write_run_config(
                 self.sessions,
@@ -120,28 +128,103 @@ class JobRunner:
             self.outcome.finish(job_id, attempt, JobStatus.FAILED, "internal error", error)
             return "failed"
         finally:
+            self._busy.clear()
             set_current_job(self.sessions, self.me, None)
 
     def _attempt(self, job_id: str, attempt: int, run_json: Path) -> str:
         # What _start needs, read once: supervise may ask it again while a fork server starts.
-        forkable = self.command is None and self.forks is not None and training_processes(run_json) == 1
+        node = my_node(self.sessions, self.me, job_id)  # node 0 of a multi-node job
+        single = node is None and training_processes(run_json) == 1
+        forkable = self.command is None and self.forks is not None and single
+        command = self.command or functools.partial(training_command, node=node)
         env = training_env(threads_per_run(self.settings.worker_concurrency))
         deadline = time.monotonic() + READY_TIMEOUT_S  # for a starting fork server
-        rc = supervise(
-            lambda: self._start(job_id, run_json, env, forkable, deadline),
-            metrics_path=self.storage.metrics_path(job_id),
-            interval=self.settings.progress_interval_seconds,
-            started=lambda pid: self.recorder.started(job_id, attempt, pid),
-            relay=lambda records: self.recorder.relay(job_id, attempt, records),
-            stop_wanted=lambda: self.stopping.is_set() or self._stop_wanted(job_id),
-        )
-        if rc is None:
-            log.warning("job %s: attempt %d lost its lease; another worker owns it now", job_id, attempt)
-            return "lost"
-        return self.outcome.judge(job_id, attempt, rc)
+        try:
+            rc = supervise(
+                lambda: self._start(job_id, run_json, env, forkable, deadline, command),
+                metrics_path=self.storage.metrics_path(job_id),
+                interval=self.settings.progress_interval_seconds,
+                started=lambda pid: self.recorder.started(job_id, attempt, pid),
+                relay=lambda records: self._relay(job_id, attempt, records, node),
+                stop_wanted=lambda: self.stopping.is_set() or self._stop_wanted(job_id),
+            )
+            if rc is None:
+                log.warning("job %s: attempt %d lost its lease; another worker owns it now", job_id, attempt)
+                return "lost"
+            return self.outcome.judge(job_id, attempt, rc)
+        finally:
+            if node is not None:  # every node of the attempt is free again (the others stop on their own)
+                release_nodes(self.sessions, job_id, attempt)
+
+    def _relay(self, job_id: str, attempt: int, records: list[Any], node: Node | None) -> bool:
+        """Relay the run's records (renewing the job's lease) and, as node 0, renew this node's lease."""
+        owned = self.recorder.relay(job_id, attempt, records)
+        if node is not None:
+            keep_node(self.sessions, self.me, job_id, attempt, self.settings.lease_seconds)
+        return owned
+
+    def run_node(self) -> str:
+        """Run the node this worker is leased as (rank > 0 of another worker's multi-node job) until it
+        ends, renewing its lease; it is stopped when the attempt no longer runs, or on a pause, a cancel
+        or this worker's shutdown. Node 0's worker judges the attempt. "skipped": no node, or running."""
+        reserved = reserved_node(self.sessions, self.me)
+        if reserved is None or not self._node_lock.acquire(blocking=False):
+            return "skipped"
+        job_id, attempt, node = reserved
+        run_json = self.storage.run_config_path(job_id)  # node 0's, in the data directory all nodes mount
+        command = self.command or functools.partial(training_command, node=node)
+        env = training_env(threads_per_run(self.settings.worker_concurrency))
+        interval = self.settings.progress_interval_seconds
+        log.info("job %s: attempt %d, node %d of %d on %s", job_id, attempt, node.rank, node.count, self.me)
+        set_current_job(self.sessions, self.me, job_id)
+        try:
+            rc = supervise(
+                lambda: self._start_node(job_id, run_json, env, command, interval),
+                metrics_path=self.storage.metrics_path(job_id),
+                interval=interval,
+                started=lambda pid: log.info("job %s: node %d is process %d", job_id, node.rank, pid),
+                relay=lambda _: keep_node(
+                    self.sessions, self.me, job_id, attempt, self.settings.lease_seconds
+                ),
+                stop_wanted=lambda: self.stopping.is_set() or self._stop_wanted(job_id),
+            )
+            log.info("job %s: node %d ended (exit %s)", job_id, node.rank, rc)
+            return "node ended"
+        finally:
+            set_current_job(self.sessions, self.me, None)
+            self._node_lock.release()
+
+    def _start_node(
+        self,
+        job_id: str,
+        run_json: Path,
+        env: dict[str, str],
+        command: Callable[[Path], list[str]],
+        wait: float,
+    ) -> Child | None:
+        """The node's torchrun once node 0's worker has written run.json (None meanwhile, after `wait`)."""
+        if not run_json.exists():
+            time.sleep(wait)
+            return None
+        return spawn(command(run_json), self.storage.log_path(job_id), env)
+
+    def start_reserved_node(self) -> bool:
+        """From the worker's tick: start the node this worker is leased as, in a thread of its own, unless
+        one runs, or a job this worker claimed runs (a claim that raced the lease on PostgreSQL: the node
+        then never joins, and the attempt fails after the join timeout and is retried). True if started."""
+        if self._busy.is_set() or self._node_lock.locked() or reserved_node(self.sessions, self.me) is None:
+            return False
+        threading.Thread(target=self.run_node, name="ftune-node", daemon=True).start()
+        return True
 
     def _start(
-        self, job_id: str, run_json: Path, env: dict[str, str], forkable: bool, deadline: float
+        self,
+        job_id: str,
+        run_json: Path,
+        env: dict[str, str],
+        forkable: bool,
+        deadline: float,
+        command: Callable[[Path], list[str]],
     ) -> Child | None:
         """The run in `env`: forked from the fork server where it can (`forkable`: real training, one
         process), else a fresh process. None after waiting an interval for a starting server (a fresh
@@ -156,7 +239,7 @@ class JobRunner:
             if forked is not None:
                 log.info("job %s: training forked from the fork server (pid %d)", job_id, forked.pid)
                 return forked
-        return spawn((self.command or training_command)(run_json), log_path, env)
+        return spawn(command(run_json), log_path, env)
 
     def _stop_wanted(self, job_id: str) -> bool:
         """A pause or a cancel was asked for."""

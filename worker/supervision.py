@@ -18,6 +18,7 @@ from typing import Protocol
 
 from core.process import child_env
 from core.run_protocol import EXIT_STOPPED, Record, RecordTail, RunConfig, StoppedRecord
+from worker.nodes import Node, node_launcher
 
 # torchrun forwards our SIGTERM to its ranks and SIGKILLs them after this long (its default is 30 s):
 # enough for the step in flight and a checkpoint.
@@ -25,15 +26,18 @@ SHUTDOWN_TIMEOUT_S = 600
 
 
 def training_processes(run_json: Path) -> int:
-    """How many processes the run trains in: one, or one FSDP rank per device (num_gpus)."""
+    """How many processes the run trains in on this node: one, or one FSDP rank per device (num_gpus)."""
     return RunConfig.model_validate_json(run_json.read_text()).spec.num_gpus
 
 
-def training_command(run_json: Path) -> list[str]:
-    """One process, or with num_gpus > 1 one FSDP rank per device under torchrun (gloo ranks on a CPU)."""
+def training_command(run_json: Path, node: Node | None = None) -> list[str]:
+    """One process, or with num_gpus > 1 one FSDP rank per device under torchrun (gloo ranks on a CPU);
+    `node`: this worker's node of a multi-node job, under torchrun's c10d rendezvous."""
     from training import run  # standard library and core only at import: for its name, never called
 
     n = training_processes(run_json)
+    if node is not None:
+        return [*node_launcher(node, n), "-m", run.__name__, str(run_json)]
     if n == 1:
         return [sys.executable, "-m", run.__name__, str(run_json)]
     # --standalone: a private rendezvous on a free port, so jobs on one machine do not collide.

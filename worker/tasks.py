@@ -117,6 +117,7 @@ class Worker:
             with session_scope(self.sessions) as s:
                 workers_db.heartbeat(s, self.runner.me)
             refresh_waiting(self.sessions, self.runner.placer)  # a job no live worker fits says why
+            self.runner.start_reserved_node()  # leased as a node of another worker's multi-node job
         self.reap_now()
         self.webhooks.poke()
 

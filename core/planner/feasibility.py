@@ -84,6 +84,12 @@ def plan_for_fleet(
             f"the job needs {spec.num_gpus} devices on one worker; the largest worker has {most}",
             param="num_gpus",
         )
+    if len(eligible) < spec.num_nodes:  # a multi-node job is gang-placed on that many workers at once
+        raise Infeasible(
+            f"the job needs {spec.num_nodes} workers with {spec.num_gpus} devices each; the fleet has "
+            f"{len(eligible)}",
+            param="num_nodes",
+        )
     kinds = {(g.name, g.memory_bytes): g for g in eligible}  # one plan per kind (CPU workers: per RAM)
     plans = [plan_on(spec, arch, gpu, tokens, shape=shape) for gpu in kinds.values()]
     fitting = [p for p in plans if p.fits]

@@ -8,6 +8,7 @@ from core.planner.context import plan_context
 from core.planner.forward_backward import forward_backward_terms, reference_terms
 from core.planner.gpus import Gpu
 from core.planner.rollouts import rollout_terms
+from core.planner.sharding import ranks_spec
 from core.planner.speed import epoch_seconds
 from core.planner.state import persistent_terms
 from core.planner.step import step_terms
@@ -23,6 +24,7 @@ def peak_plan(
     runtime: Runtime,
     shape: BatchShape | None = None,
 ) -> Plan:
+    spec = ranks_spec(spec)  # per node: today's plan at world size num_nodes x num_gpus
     c = plan_context(spec, arch, gpu, runtime, shape)
     persistent = persistent_terms(c) + workspace_terms(c, gpu.name)
     # The phases of a step, one at a time; the largest makes the peak, the others are listed at 0.

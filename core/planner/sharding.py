@@ -12,6 +12,15 @@ from __future__ import annotations
 from core.spec import JobSpec
 
 
+def ranks_spec(spec: JobSpec) -> JobSpec:
+    """The spec one rank is planned with: a job of num_nodes nodes shards over num_gpus x num_nodes ranks,
+    so each of its devices holds what one device of a one-node job of that many GPUs holds (its
+    communicators and per-step slices included); the per-node device count is checked by placement."""
+    if spec.num_nodes == 1:
+        return spec
+    return spec.model_copy(update={"num_gpus": spec.placement.world_size, "num_nodes": 1})
+
+
 def fsdp_problem(spec: JobSpec) -> tuple[str, str] | None:
     """(param, reason) if the spec cannot run with num_gpus > 1, else None."""
     if not spec.placement.sharded:
