@@ -185,7 +185,7 @@ class Engine:
 
     def reads_images(self, target: Target) -> bool:
         """The target's base is a vision-language one (its requests' messages keep their image parts)."""
-        from training.vision import is_vision_base
+        from training.vision_model import is_vision_base
 
         return is_vision_base(self.catalog.get(target.base).path)
 
@@ -415,16 +415,16 @@ def load_base(
     the batcher's bounds (max_batch_tokens, max_running rows)."""
     from core.arch import load_architecture
     from core.planner.serving import serving_bytes
-    from training import vision
+    from training import vision, vision_model
     from training.model import base_dtype, load_tokenizer, pick_device
 
     dtype = base_dtype(SimpleNamespace(torch_dtype="auto"), info.path)  # type: ignore[arg-type]
-    model = vision.auto_model_class(info.path).from_pretrained(
+    model = vision_model.auto_model_class(info.path).from_pretrained(
         info.path, dtype=dtype, local_files_only=True, trust_remote_code=False, use_safetensors=True
     )
-    processor = vision.load_processor(info.path) if vision.is_vision_base(info.path) else None
+    processor = vision.load_processor(info.path) if vision_model.is_vision_base(info.path) else None
     if processor is not None:
-        vision.prepare_model(model)
+        vision_model.prepare_model(model)
     model.to(pick_device())
     model.eval()
     model.config.use_cache = True

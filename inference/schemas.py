@@ -1,11 +1,12 @@
 """Request bodies of the engine's endpoints: OpenAI's chat completion request and vLLM's adapter calls.
 
 Messages are read as uploads read them (core.data): contents as strings or text parts (image parts only
-for a vision-language base, checked as uploads' are; else 400 unsupported_content), an assistant's `tool_calls` (or legacy `function_call`) with JSON-string
-arguments, `tool` messages with the `tool_call_id` they answer, `tools` (or legacy `functions`) with
-valid JSON-schema parameters; a problem is a 400 naming the field. Fields OpenAI defines that the engine
-does not act on (e.g. `user`, `metadata`) are accepted and ignored, as OpenAI-compatible servers do; the
-ones that would change the answer and are not supported (logprobs, penalties other than 0) are refused.
+for a vision-language base, checked as uploads' are; else 400 unsupported_content), an assistant's
+`tool_calls` (or legacy `function_call`) with JSON-string arguments, `tool` messages with the
+`tool_call_id` they answer, `tools` (or legacy `functions`) with valid JSON-schema parameters; a problem
+is a 400 naming the field. Fields OpenAI defines that the engine does not act on (e.g. `user`,
+`metadata`) are accepted and ignored, as OpenAI-compatible servers do; the ones that would change the
+answer and are not supported (logprobs, penalties other than 0) are refused.
 """
 
 from __future__ import annotations

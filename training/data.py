@@ -232,9 +232,15 @@ def collate(items: Iterable[Tokenized], pad_id: int, limit: int = 0) -> dict[str
         ids[row, :n] = torch.tensor(t.input_ids)
         labels[row, :n] = torch.tensor(t.labels)
     rows = torch.arange(len(items)).repeat_interleave(width)
-    from training.vision import batch_inputs  # a vision-language base's images and 3-D positions
+    return {"input_ids": ids, "labels": labels, **extra_inputs(items, width), **scored_targets(labels, rows)}
 
-    return {"input_ids": ids, "labels": labels, **batch_inputs(items, width), **scored_targets(labels, rows)}
+
+def extra_inputs(items: Sequence[Tokenized], width: int | None) -> dict[str, torch.Tensor]:
+    """What a micro-batch's examples add to the model's inputs beyond ids and labels, as their own type says
+    (a vision-language base's images and 3-D positions: training.vision.VisionTokenized.batch_inputs);
+    `width`: the padded row width, None for one packed row."""
+    inputs = getattr(type(items[0]), "batch_inputs", None) if items else None
+    return inputs(items, width) if inputs is not None else {}
 
 
 def padded_width(longest: int, limit: int = 0) -> int:

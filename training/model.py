@@ -81,7 +81,7 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, init_adapte
         kwargs["device_map"] = {"": device.index if device.type == "cuda" else "cpu"}
     else:
         kwargs["dtype"] = base_dtype(spec, model_dir)
-    from training import vision
+    from training import vision_model as vision
 
     model = vision.auto_model_class(model_dir).from_pretrained(model_dir, **kwargs)
     if spec.method == "lora":

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from training.data import IGNORE, Tokenized, scored_targets
+from training.data import IGNORE, Tokenized, extra_inputs, scored_targets
 
 ATTN_NAME = "ftune_packed"
 log = logging.getLogger("ftune.training")
@@ -58,13 +58,11 @@ def collate_packed(items: Sequence[Tokenized]) -> dict[str, torch.Tensor | int]:
     cu = torch.tensor(bounds, dtype=torch.int32)
     lengths = cu.diff()
     label_row = torch.tensor([labels], dtype=torch.long)
-    from training.vision import batch_inputs  # a vision-language base's images and 3-D positions
-
     return {
         "input_ids": torch.tensor([ids], dtype=torch.long),
         "labels": label_row,
         "position_ids": torch.tensor([positions], dtype=torch.long),
-        **batch_inputs(items, None),
+        **extra_inputs(items, None),
         "cu_seq_lens_q": cu,
         "cu_seq_lens_k": cu,
         "max_length_q": int(lengths.max()),

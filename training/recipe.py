@@ -54,6 +54,7 @@ from training import (
 )
 from training.batches import Step
 from training.step import Parts, Position, StepResult, lr_at, make_optimizer
+from training.vision_model import is_vision_base
 
 Example = Any  # what a step's rows index: an example (sft), a preference pair (dpo), a prompt (grpo)
 
@@ -423,7 +424,7 @@ def load_splits(config: RunConfig, tokenizer: object) -> tuple[list[Example], li
 
     spec = config.spec
     load = objectives.objective_class(spec).load
-    if vision.is_vision_base(config.model_dir):  # its images through the model's image processor
+    if is_vision_base(config.model_dir):  # its images through the model's image processor
         load, tokenizer = vision.load_for_training, vision.load_processor(Path(config.model_dir))
     items, dropped, stats = load(Path(config.dataset_path), tokenizer, spec, config.column_mapping)
     if spec.validation_dataset_id:

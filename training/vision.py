@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-from core.arch.vl_families import BUILDERS as VL_FAMILIES
 from core.data.examples import _lines
 from core.data.images import IMAGE_KINDS, data_url_bytes, image_url
 from core.data.messages import row_tools, to_messages
@@ -38,17 +37,6 @@ from training.data import (
     token_stats,
 )
 from training.decoding.engine import Media
-
-# FlashAttentionKwargs of a packed row: the language model's example bounds, which the tower must not read
-PACKED_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
-
-
-def is_vision_base(model_dir: Path | str) -> bool:
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("model_type") in VL_FAMILIES
 
 
 @dataclass(frozen=True)
@@ -87,6 +75,11 @@ class VisionTokenized(Tokenized):
     pixel_values: torch.Tensor
     image_grid_thw: torch.Tensor
     mrope_positions: torch.Tensor
+
+    @staticmethod
+    def batch_inputs(items: Sequence[Tokenized], width: int | None) -> dict[str, torch.Tensor]:
+        """A micro-batch's images and 3-D positions (training.data.extra_inputs asks for them)."""
+        return batch_inputs(items, width)
 
     def cut(self, n: int, image_id: int) -> VisionTokenized | None:
         """The first n tokens, or None when that would cut an image's tokens off."""
@@ -254,22 +247,3 @@ def batch_inputs(items: Sequence[Tokenized], width: int | None) -> dict[str, tor
         rows.append(torch.cat([p, torch.arange(start, start + width - p.shape[1]).expand(3, -1)], dim=1))
     out["position_ids"] = torch.stack(rows, dim=1)
     return out
-
-
-def prepare_model(net: Any) -> None:
-    """The tower attends with SDPA over its own images and never reads a packed row's bounds."""
-    base: Any = getattr(net, "get_base_model", lambda: net)()
-    visual = base.model.visual
-    base.config.vision_config._attn_implementation = "sdpa"
-
-    def drop_packed(_module: Any, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        return args, {k: v for k, v in kwargs.items() if k not in PACKED_KWARGS}
-
-    visual.register_forward_pre_hook(drop_packed, with_kwargs=True)
-
-
-def auto_model_class(model_dir: Path) -> Any:
-    """transformers' Auto class that loads this base: image-text-to-text for a vision-language one."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    return AutoModelForImageTextToText if is_vision_base(model_dir) else AutoModelForCausalLM
