@@ -129,7 +129,8 @@ def test_mixed_adapters_joining_at_different_steps_answer_as_alone(engine: Engin
             expected.finish_reason,
         ), (model, text, s.stop)
         assert ticket.deltas() == pieces  # streamed piece for piece
-        assert ticket.log[0] == ("ready", prompt_tokens(engine, model, text), None)  # no tools: no call format
+        # no tools: no call format
+        assert ticket.log[0] == ("ready", prompt_tokens(engine, model, text), None)
         assert ticket.done
     assert {ticket.finished()[0].finish_reason for ticket in tickets} == {"stop", "length"}
     assert engine._pinned == {}  # every adapter released
