@@ -199,11 +199,14 @@ def test_gpu_check_smoke_of_the_8b_path_runs_lora_and_qlora_on_a_cpu(tmp_path: P
 
 
 def test_the_new_families_run_their_configs_on_a_cpu(tmp_path: Path) -> None:
-    """--shape moe and vl (issue 43's GPU check) with --smoke: a tiny Qwen3-MoE trains LoRA, LoRA with
-    checkpointing and QLoRA, a tiny Qwen2.5-VL the two LoRA configs on images; each row has its plan."""
-    for shape, configs in (("moe", ["lora", "lora+ckpt", "qlora"]), ("vl", ["lora", "lora+ckpt"])):
+    """--shape moe and vl (issue 43's GPU check) with --smoke: a tiny Qwen3-MoE trains LoRA and QLoRA, a
+    tiny Qwen2.5-VL LoRA on images (checkpointing takes the same path: left out for time); each row has its
+    plan."""
+    for shape, configs in (("moe", ["lora", "qlora"]), ("vl", ["lora"])):
+        names = ",".join(configs)
+        keep = str(tmp_path / shape)
         done = bench(
-            "gpu_check.py", "--smoke", "--shape", shape, "--steps", "2", "--keep", str(tmp_path / shape)
+            "gpu_check.py", "--smoke", "--shape", shape, "--steps", "2", "--keep", keep, "--configs", names
         )
         rows = json.loads(done.stdout.strip().splitlines()[-1])
         assert [r["config"] for r in rows] == configs

@@ -57,8 +57,8 @@ def wait_for_checkpoint(out: Path, procs: list[subprocess.Popen[bytes]], timeout
 
 
 def test_kill_9_of_a_node_resumes_to_the_uninterrupted_adapter(make_config, tmp_path: Path) -> None:
-    spec = {**SPEC, **TWO_NODES, "checkpoint_every_steps": 3, "epochs": 6}
-    rows = qa_rows(40)  # 6 epochs of 40 examples: a few tens of steps, killed after the first checkpoint
+    spec = {**SPEC, **TWO_NODES, "checkpoint_every_steps": 3, "epochs": 3}
+    rows = qa_rows(40)  # 3 epochs of 40 examples: some tens of steps, killed after the first checkpoint
     configs = {name: make_config(rows, name=name, packing=True, **spec) for name in ("killed", "twin")}
     jsons = {}
     for name, c in configs.items():
