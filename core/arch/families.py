@@ -59,6 +59,21 @@ _LLAMA_DEFAULTS: dict[str, tuple[int, int, int, int, int, int | None, int | None
 }
 
 
+def llama_block_linears(
+    hidden: int, q: int, k: int, inter: int, qkv_bias: bool, o_bias: bool, mlp_bias: bool
+) -> tuple[LinearModule, ...]:
+    """A Llama-like block's linears: q, k, v and o projections, then the gated MLP's three."""
+    return (
+        _lin("self_attn.q_proj", hidden, q, qkv_bias, "attn_in"),
+        _lin("self_attn.k_proj", hidden, k, qkv_bias, "attn_in"),
+        _lin("self_attn.v_proj", hidden, k, qkv_bias, "attn_in"),
+        _lin("self_attn.o_proj", q, hidden, o_bias, "attn_out"),
+        _lin("mlp.gate_proj", hidden, inter, mlp_bias, "mlp_in"),
+        _lin("mlp.up_proj", hidden, inter, mlp_bias, "mlp_in"),
+        _lin("mlp.down_proj", inter, hidden, mlp_bias, "mlp_mid"),
+    )
+
+
 def _llama_like(c: dict[str, Any]) -> Architecture:
     """Llama, Mistral, Qwen2/2.5, Qwen3, Gemma/Gemma2/Gemma3 (text), Phi-3: RMSNorm, rotary, gated MLP."""
     mt = c["model_type"]
@@ -82,15 +97,7 @@ def _llama_like(c: dict[str, Any]) -> Architecture:
             _lin("mlp.down_proj", inter, hidden, False, "mlp_mid"),
         )
     else:
-        linears = (
-            _lin("self_attn.q_proj", hidden, q, qkv_bias, "attn_in"),
-            _lin("self_attn.k_proj", hidden, k, qkv_bias, "attn_in"),
-            _lin("self_attn.v_proj", hidden, k, qkv_bias, "attn_in"),
-            _lin("self_attn.o_proj", q, hidden, o_bias, "attn_out"),
-            _lin("mlp.gate_proj", hidden, inter, mlp_bias, "mlp_in"),
-            _lin("mlp.up_proj", hidden, inter, mlp_bias, "mlp_in"),
-            _lin("mlp.down_proj", inter, hidden, mlp_bias, "mlp_mid"),
-        )
+        linears = llama_block_linears(hidden, q, k, inter, qkv_bias, o_bias, mlp_bias)
     norms = ["input_layernorm", "post_attention_layernorm"]
     if mt in ("gemma2", "gemma3_text"):
         norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]

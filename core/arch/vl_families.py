@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from core.arch.families import _int, _lin, decoder_fields
+from core.arch.families import _int, decoder_fields, llama_block_linears
 from core.arch.types import Architecture
 from core.arch.vision import VisionTower
 
@@ -64,15 +64,7 @@ def _qwen2_5_vl(c: dict[str, Any]) -> Architecture:
         **fields,
         intermediate_size=inter,
         tie_word_embeddings=bool(c.get("tie_word_embeddings") or t.get("tie_word_embeddings")),
-        block_linears=(
-            _lin("self_attn.q_proj", hidden, q, True, "attn_in"),
-            _lin("self_attn.k_proj", hidden, k, True, "attn_in"),
-            _lin("self_attn.v_proj", hidden, k, True, "attn_in"),
-            _lin("self_attn.o_proj", q, hidden, False, "attn_out"),
-            _lin("mlp.gate_proj", hidden, inter, False, "mlp_in"),
-            _lin("mlp.up_proj", hidden, inter, False, "mlp_in"),
-            _lin("mlp.down_proj", inter, hidden, False, "mlp_mid"),
-        ),
+        block_linears=llama_block_linears(hidden, q, k, inter, True, False, False),
         hidden_act=str(t.get("hidden_act") or "silu"),
         modality="text+image",
         vision=vision_tower(c),
