@@ -60,8 +60,12 @@ def _bounds(p: dict[str, Any]) -> str:
     branch: dict[str, Any] = next((q for q in p.get("anyOf", [p]) if set(q) & BOUND_KEYS), {})
     if "maxItems" in branch:
         return f"at most {branch['maxItems']} items"
-    low = ("[", branch["minimum"]) if "minimum" in branch else ("(", branch.get("exclusiveMinimum"))
-    high = ("]", branch["maximum"]) if "maximum" in branch else (")", branch.get("exclusiveMaximum"))
+    low = (
+        ("[", _num(branch["minimum"])) if "minimum" in branch else ("(", _num(branch.get("exclusiveMinimum")))
+    )
+    high = (
+        ("]", _num(branch["maximum"])) if "maximum" in branch else (")", _num(branch.get("exclusiveMaximum")))
+    )
     if low[1] is None and high[1] is None:
         return ""
     if high[1] is None:
@@ -69,6 +73,11 @@ def _bounds(p: dict[str, Any]) -> str:
     if low[1] is None:
         return f"{'<=' if high[0] == ']' else '<'} {high[1]}"
     return f"{low[0]}{low[1]}, {high[1]}{high[0]}"
+
+
+def _num(x: Any) -> Any:
+    """A bound as written in the declaration: pydantic before 2.11 writes a float field's `gt=0` as 0.0."""
+    return int(x) if isinstance(x, float) and x.is_integer() else x
 
 
 def _default(model: type[BaseModel], name: str) -> str:
