@@ -181,7 +181,8 @@ class Engine:
     ) -> tuple[Grammar | None, ToolFormat | None]:
         """The grammar a request's answers keep to and the format its calls are read in, on its base."""
         name = target.adapter.name if target.adapter else target.base
-        return shape.grammar(loaded.tokenizer, name), shape.tool_format(loaded.tokenizer, name)
+        fmt = shape.tool_format(loaded.tokenizer, name)
+        return shape.grammar(loaded.tokenizer, fmt), fmt
 
     def reads_images(self, target: Target) -> bool:
         """The target's base is a vision-language one (its requests' messages keep their image parts)."""

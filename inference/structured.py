@@ -70,9 +70,9 @@ class Shape:
             )
         return found
 
-    def grammar(self, tokenizer: Any, model: str) -> Grammar | None:
-        """The grammar its answers keep to, or None when free."""
-        fmt = self.tool_format(tokenizer, model)
+    def grammar(self, tokenizer: Any, fmt: ToolFormat | None) -> Grammar | None:
+        """The grammar its answers keep to on this tokenizer, its calls written in `fmt` (tool_format's), or
+        None when free."""
         forced = self.choice != "auto"
         if fmt is None or not (forced or self.response_format):
             return None if self.response_format is None else self._json(tokenizer)

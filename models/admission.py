@@ -28,6 +28,7 @@ from models import datasets as datasets_db
 from models import jobs as jobs_db
 from models import openai_jobs
 from models import workers as workers_db
+from models.job_inputs import base_model, datasets_with
 from models.tables import Dataset, Job
 from models.vision_admission import check_image_base
 
@@ -124,13 +125,10 @@ def check_tools_template(
 ) -> None:
     """Data that define or call tools train only on a base model whose chat template renders them
     (models.tool_support): else the model would learn calls to tools it was never shown."""
-    with_tools = [ds for ds in datasets if ((ds.report or {}).get("stats") or {}).get("with_tools")]
+    with_tools = datasets_with(datasets, "with_tools")
     if not with_tools:
         return
-    try:
-        model = catalog.get(spec.base_model)
-    except NotFound as e:
-        raise InvalidInput(e.message, code="model_not_found", param="base_model") from e
+    model = base_model(catalog, spec)
     problem = check(model.path)
     if problem:
         ds = with_tools[0]

@@ -4,21 +4,19 @@ the images at upload, where the base is not known yet)."""
 from __future__ import annotations
 
 from core.catalog import Catalog
-from core.errors import InvalidInput, NotFound
+from core.errors import InvalidInput
 from core.spec import JobSpec
+from models.job_inputs import base_model, datasets_with
 from models.tables import Dataset
 
 
 def check_image_base(*, catalog: Catalog, spec: JobSpec, datasets: list[Dataset]) -> None:
     """Data whose rows hold images train only on a base that reads them, with objective sft: a text-only
     base would learn answers to questions about pictures it never saw."""
-    pictured = [ds for ds in datasets if ((ds.report or {}).get("stats") or {}).get("with_images")]
+    pictured = datasets_with(datasets, "with_images")
     if not pictured:
         return
-    try:
-        model = catalog.get(spec.base_model)
-    except NotFound as e:
-        raise InvalidInput(e.message, code="model_not_found", param="base_model") from e
+    model = base_model(catalog, spec)
     ds = pictured[0]
     count = ds.report["stats"]["with_images"]
     if "image" not in model.modality:

@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import llguidance
 import pytest
 from transformers import AutoTokenizer
 
 from inference.structured import Shape
 from inference.tool_calls import FORMATS, CallReader, format_of
 from training.chat_template import template_for
-from training.decoding.constraint import Grammar, ll_tokenizer
+from training.decoding.constraint import Grammar
 
 WEATHER = {
     "type": "function",
@@ -88,7 +87,7 @@ def test_a_forced_call_grammar_takes_the_formats_own_calls_and_nothing_else(
     )
 
     def accepts(text: str) -> bool:
-        matcher = llguidance.LLMatcher(ll_tokenizer(tokenizer), grammar.source, log_level=0)
+        matcher = grammar.matcher.deep_copy()
         ids = tokenizer.encode(text, add_special_tokens=False)
         return matcher.consume_tokens(ids) and matcher.is_accepting()
 

@@ -52,10 +52,11 @@ def ll_tokenizer(tokenizer: Any) -> llguidance.LLTokenizer:
 
 @dataclass(frozen=True)
 class Grammar:
-    """A compiled grammar for one tokenizer; `constraint()` starts a row on it."""
+    """A grammar compiled once for one tokenizer (a request's, a run's); `constraint()` starts a row on a copy
+    of its matcher, so n rows do not compile it n times."""
 
     tokenizer: llguidance.LLTokenizer
-    source: str
+    matcher: llguidance.LLMatcher  # at the grammar's start; never advanced itself
 
     @classmethod
     def json_schema(cls, tokenizer: Any, schema: dict[str, Any] | None) -> Grammar:
@@ -73,11 +74,10 @@ class Grammar:
         error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(source, ll)
         if error:
             raise GrammarError(messages[0] if messages else "the grammar does not compile")
-        return cls(ll, source)
+        return cls(ll, llguidance.LLMatcher(ll, source, log_level=0))
 
     def constraint(self) -> Constraint:
-        matcher = llguidance.LLMatcher(self.tokenizer, self.source, log_level=0)
-        return Constraint(matcher, self.tokenizer.eos_tokens)
+        return Constraint(self.matcher.deep_copy(), self.tokenizer.eos_tokens)
 
 
 class Constraint:
