@@ -44,9 +44,9 @@ test-floor:
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy core training inference models api worker cli
+	$(VENV)/bin/mypy core planner graders training inference models api worker cli
 	$(VENV)/bin/lint-imports
-	$(PY) -m tests.duplicate_lines core training inference models api worker cli
+	$(PY) -m tests.duplicate_lines core planner graders training inference models api worker cli
 
 bench: install
 	$(PY) bench/planner_accuracy.py

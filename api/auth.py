@@ -2,7 +2,7 @@
 
 On /v1/chat/completions (get_chat_principal) the operator's judge key, FTUNE_GRADER_MODEL_API_KEY where the
 judge of model graders is ftune's own /v1, acts for the tenant whose grader asks, named in the
-grading-tenant header (core.graders.judge): that tenant's models, chat slots and request rate, never an
+grading-tenant header (graders.judge): that tenant's models, chat slots and request rate, never an
 admin's. With any other key the header changes nothing."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.deps import ServicesDep
 from core.errors import Forbidden, Unauthorized
-from core.graders.judge import GRADING_TENANT_HEADER
+from core.judge_config import GRADING_TENANT_HEADER
 from core.settings import Settings
 from models.tables import Tenant
 from models.tenants import Principal, authenticate

@@ -33,9 +33,9 @@ from api.routes import (
     webhooks,
     workers,
 )
-from core.graders import sandbox
 from core.secretbox import SecretBox
 from core.settings import Settings, get_settings
+from graders import sandbox
 from models import webhooks as webhooks_db
 from models.db import session_scope
 from models.tenants import Principal, ensure_key, get_or_create_tenant

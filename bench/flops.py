@@ -1,7 +1,7 @@
 """FLOPs per trained token and MFU, counted two ways: every bench that prints an MFU takes it from here
 (bench/gpu_vs_trl.py, bench/gpu_check.py).
 
-MFU = FLOPs per real token x real tokens/s / the GPU's dense bf16 peak (core.planner.gpus: an H200's and an
+MFU = FLOPs per real token x real tokens/s / the GPU's dense bf16 peak (planner.gpus: an H200's and an
 H100 SXM's 989 TFLOP/s). Real tokens: input tokens, padding never counted (it does no useful work).
 
 **The LoRA count** (the goal's; DESIGN.md "On GPUs"), per token:

@@ -20,14 +20,14 @@ words (~2,000 tokens: most sequences long, many cut at 4,096), so that the conte
 Qwen2.5-VL (~1B, its own 4-block tower) the same way and train LoRA (checkpointing off and on) and, on
 the MoE, QLoRA; the VL base trains on examples/vision_colors.jsonl (images as data: URLs), 256 tokens.
 
-Per config it prints the plan (core.planner's Python API, on the GPU found: no service, no POST) beside
+Per config it prints the plan (planner's Python API, on the GPU found: no service, no POST) beside
 torch.cuda.max_memory_allocated / max_memory_reserved (read in the training process after it ends, rank 0
 for FSDP), tokens/s (real tokens over the steps after --warmup, from the engine's step records; the last
 step's alone in `last_step_tokens_per_s`) and MFU by both counts of bench/flops.py: "MFU LoRA" = (4 N_mm +
 6 N_lora + 3 x causal attention's forward over each example's length) x tok/s / the GPU's dense bf16
 peak, "MFU 6N" = 6 x every parameter x tok/s / peak (N stated three ways in the header).
 
-Memory, per config, two lines: `plan` is core.planner's plan for the job as admission makes it (every
+Memory, per config, two lines: `plan` is planner's plan for the job as admission makes it (every
 micro-batch micro_batch_size x max_seq_len tokens, all scored), `data` the engine's own prediction for its
 data's largest micro-batch (the start record's shape, the engine's runtime). Each gives allocated (vs
 max_memory_allocated), reserved (the plan's total less the CUDA context, vs max_memory_reserved) and the
@@ -235,11 +235,11 @@ def run_config(
     import torch
 
     from core.arch import load_architecture
-    from core.planner import BatchShape
-    from core.planner.feasibility import plan_on
-    from core.planner.gpus import resolve_gpu
     from core.run_protocol import RunConfig, StartRecord, StepRecord, read_error, read_records
     from core.spec import JobSpec
+    from planner import BatchShape
+    from planner.feasibility import plan_on
+    from planner.gpus import resolve_gpu
     from training.memory import engine_runtime
 
     flops = _flops_module()
@@ -370,11 +370,11 @@ def _fmt(value: float | None, spec: str) -> str:
     return format(value, spec) if value is not None else "-".rjust(int(spec.split(".")[0]))
 
 
-def gpu_by_name(name: str):  # -> core.planner.gpus.Gpu | None
+def gpu_by_name(name: str):  # -> planner.gpus.Gpu | None
     """The planner's GPU of this CUDA name, or None. CUDA's names carry words the planner's do not
     ("NVIDIA H100 80GB HBM3"): trailing words are dropped until a name resolves ("NVIDIA H100 80GB")."""
     from core.errors import InvalidInput
-    from core.planner.gpus import resolve_gpu
+    from planner.gpus import resolve_gpu
 
     words = name.split()
     for n in range(len(words), 0, -1):

@@ -81,7 +81,7 @@ def attention(device) -> None:
 def loss_head(device) -> None:
     import torch
 
-    from core.planner.memory import loss_chunk_tokens
+    from planner.memory import loss_chunk_tokens
     from training.loss import _LinearCrossEntropy
 
     torch.manual_seed(0)

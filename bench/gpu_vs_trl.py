@@ -62,7 +62,7 @@ which torch.compile made a graph is left out too, and counted):
            included.
   MFU      two counts (bench/flops.py, where the formulas and their sources are): "MFU LoRA" = (4 N_mm +
            6 N_lora + 3 x causal attention's forward) x tok/s / the GPU's dense bf16 peak
-           (core.planner.gpus), N_mm the blocks' linears and the output layer, attention over each
+           (planner.gpus), N_mm the blocks' linears and the output layer, attention over each
            example's own length; "MFU 6N" = 6 x every parameter x tok/s / peak, as in earlier tables.
   memory   torch.cuda.max_memory_allocated / max_memory_reserved in the training process, after training.
   loss     the last step's loss. "check": whether the run trains as the reference does (TRL's default

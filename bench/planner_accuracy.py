@@ -3,7 +3,7 @@
 Cases (bench/planner_cases.json) are measured peaks from public sources, each with its citation;
 architectures come from config dicts written by hand from the models' public config.json. The
 planner is run unchanged (no per-row fitting); a case states only what its source's framework did
-(`runtime`: core.planner.Runtime fields, e.g. peft's fp32 upcast for QLoRA) and what its number measures
+(`runtime`: planner.Runtime fields, e.g. peft's fp32 upcast for QLoRA) and what its number measures
 (`measures`: capacity | device | reserved | allocated, see predicted_bytes; `lengths`: padded | variable,
 the batches it measured over), each with the evidence or assumption in its `note`. Prints prediction vs
 measurement per case, the error, the median absolute error, and how long a plan with suggestions takes.
@@ -24,9 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.arch import from_config
-from core.planner import Runtime, estimate
-from core.planner.gpus import resolve_gpu
 from core.spec import JobSpec
+from planner import Runtime, estimate
+from planner.gpus import resolve_gpu
 
 GiB = 2**30
 CASES = Path(__file__).with_name("planner_cases.json")
@@ -85,7 +85,7 @@ def predicted_bytes(plan, measures: str) -> int:
     segments (Plan.loss_segments_bytes). "reserved" (torch.cuda.max_memory_reserved) is the plan's
     reserved_bytes and those segments: no CUDA context, which lives outside torch's allocator. "allocated"
     (max_memory_allocated) is allocated_bytes. Over batches of varying length ("lengths": "variable") the
-    plan's reserved counts the segments earlier, shorter batches leave cached (core.planner.allocator);
+    plan's reserved counts the segments earlier, shorter batches leave cached (planner.allocator);
     "padded" runs are planned with every micro-batch one shape (Runtime.fixed_shapes)."""
     if measures == "allocated":
         return plan.allocated_bytes

@@ -78,13 +78,13 @@ def main() -> int:
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     from core.arch import from_config
-    from core.planner import BatchShape
-    from core.planner.allocator import workspace_terms
-    from core.planner.context import plan_context
-    from core.planner.feasibility import plan_on
-    from core.planner.gpus import resolve_gpu
-    from core.planner.types import FTUNE
     from core.spec import JobSpec
+    from planner import BatchShape
+    from planner.allocator import workspace_terms
+    from planner.context import plan_context
+    from planner.feasibility import plan_on
+    from planner.gpus import resolve_gpu
+    from planner.types import FTUNE
     from training.demo import DemoSize, build_demo_model
 
     take_cuda_paths(gqa=not args.no_gqa)

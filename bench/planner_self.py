@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.gpu_grpo import GRADER, prompts  # noqa: E402
 from core.arch import load_architecture  # noqa: E402
-from core.planner.feasibility import device_gpu, plan_on  # noqa: E402
 from core.run_protocol import RunConfig  # noqa: E402
 from core.spec import JobSpec  # noqa: E402
+from planner.feasibility import device_gpu, plan_on  # noqa: E402
 from training.demo import build_demo_model  # noqa: E402
 from training.demo_moe import Family, MoeSize, build_moe_model  # noqa: E402
 from training.demo_vlm import VlmSize, build_vlm_model  # noqa: E402

@@ -129,7 +129,7 @@ def best(rows: list[dict], engine: str) -> dict | None:
 
 
 def gpu_peak() -> tuple[str, float | None]:
-    """(CUDA's name of GPU 0, its dense bf16 FLOP/s from core.planner.gpus; None where it is not known)."""
+    """(CUDA's name of GPU 0, its dense bf16 FLOP/s from planner.gpus; None where it is not known)."""
     import torch
 
     name = torch.cuda.get_device_name(0)

@@ -2,7 +2,7 @@
 
 The engine (`python -m inference.server`) keeps one base model and up to MAX_ADAPTERS adapters resident,
 on the device training would use (training.model.pick_device: the first GPU, else the CPU). Its memory
-bound is core.planner.serving's, for the largest base model in the catalog, since it may be asked for any.
+bound is planner.serving's, for the largest base model in the catalog, since it may be asked for any.
 The training worker then declares that device's memory minus the bound (FTUNE_WORKER_DEVICES), so the
 planner never admits a job that fits only if the engine were not there; the engine holds itself to the
 bound (--memory-bytes). docs/inference.md says the same for operators.
@@ -15,8 +15,8 @@ from typing import Any
 from core.arch import load_architecture
 from core.catalog import Catalog
 from core.errors import FtuneError
-from core.planner.gpus import resolve_gpu
-from core.planner.serving import serving_bytes
+from planner.gpus import resolve_gpu
+from planner.serving import serving_bytes
 
 MAX_ADAPTERS = 8  # resident per base; the engine evicts the least recently used beyond it
 MAX_LORA_RANK = 64  # the rank adapters are counted at (vLLM's --max-lora-rank in docs/inference.md)

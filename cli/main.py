@@ -153,9 +153,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from core.arch import load_architecture
     from core.catalog import Catalog
     from core.errors import FtuneError
-    from core.planner.feasibility import plan_on
-    from core.planner.gpus import resolve_gpu
     from core.spec import JobSpec
+    from planner.feasibility import plan_on
+    from planner.gpus import resolve_gpu
 
     settings = get_settings()
     raw = Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec

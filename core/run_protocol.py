@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from core.graders.judge import JudgeConfig
+from core.judge_config import JudgeConfig
 from core.spec import JobSpec
 
 if TYPE_CHECKING:  # the training process never loads the service's settings
@@ -52,7 +52,7 @@ EXIT_STOPPED = 3  # stopped by SIGTERM after the current step and a checkpoint; 
 
 
 class GradingConfig(BaseModel):
-    """How a grpo run grades (core.graders), from the worker's settings: python graders in the sandbox
+    """How a grpo run grades (graders), from the worker's settings: python graders in the sandbox
     (None: off), the judge of score_model and label_model graders with the operator's bounds (None: none),
     the job's tenant, for whom the judge answers (written by the worker, worker.run_config), and the
     threads grading."""
@@ -98,7 +98,7 @@ class RunConfig(BaseModel):
     # torch.compile the decoder layers' training step where the engine does (training.compiled): the
     # worker's settings.compile_layers
     compile_layers: bool = True
-    # The bytes the job's files may take in output_dir (core.job_files: reserved in its tenant's storage
+    # The bytes the job's files may take in output_dir (planner.job_files: reserved in its tenant's storage
     # quota at admission); a checkpoint, the adapter or the merged export that would pass it fails the run
     # with storage_quota_exceeded. None: no bound (a job admitted before allowances existed).
     files_allowance_bytes: int | None = None

@@ -147,7 +147,7 @@ class Settings(BaseSettings):
     # and how many rows (choices) decode together at most.
     inference_max_batch_tokens: int = Field(default=2048, ge=1)
     inference_max_running: int = Field(default=32, ge=1)
-    # Tenants' python graders (core/graders/sandbox.py): untrusted code, so off unless the operator turns them
+    # Tenants' python graders (graders/sandbox.py): untrusted code, so off unless the operator turns them
     # on. Per batch of calls (one sandboxed child): CPU seconds, address space in MiB, wall-clock seconds.
     python_grader_enabled: bool = False
     python_grader_cpu_seconds: int = Field(default=10, ge=1)
@@ -162,7 +162,7 @@ class Settings(BaseSettings):
     # only (ftune's own /v1 takes response_format text alone): the graders then read a bare number or label.
     grader_model_structured_outputs: bool = True
     grader_concurrency: int = Field(default=8, ge=1, le=256)
-    # The operator's bounds on the judge (core.graders.judge). The models a grader may name, as a JSON list
+    # The operator's bounds on the judge (graders.judge). The models a grader may name, as a JSON list
     # (a name ending in * stands for every name that starts with the rest: "ft:*", with ftune's own /v1 as
     # the judge, is each tenant's own fine-tuned models); empty: every model grader is refused (400
     # grader_model_not_allowed). The max_completion_tokens of a judge call (a grader asking more is refused;

@@ -440,7 +440,7 @@ class JobSpec(BaseModel):
         own validation, which would copy a 1 MiB grader whole before parse_grader bounds its size."""
         if v is None:
             return v
-        from core.graders import parse_grader
+        from graders import parse_grader
 
         return parse_grader(v, allow_python=True).to_json()
 

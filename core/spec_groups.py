@@ -268,7 +268,7 @@ class RLArgs:
     """Reinforcement fine-tuning (objective grpo, training.objectives.grpo): each prompt of a step is
     answered `num_generations` times by the policy being trained (sampled at `temperature`, at most
     `max_completion_tokens` new tokens), each answer graded (`grader`, OpenAI's grader JSON,
-    core.graders), and the policy moved by GRPO's clipped objective on the group-relative advantages.
+    graders), and the policy moved by GRPO's clipped objective on the group-relative advantages.
     `eval_samples`: validation prompts graded at each evaluation (None: all of them). generate() samples
     `rollout_prompts` prompts at a time (rollout_batch_size, or all of the step's: fewer decoding steps,
     each no dearer while decoding is bound by the host's work per step, as on a GPU; and the samples do

@@ -8,7 +8,7 @@ model's weights loaded between requests and streams tokens as they are produced.
 
 Memory: one copy of a base model's weights; adapters are attached to it with peft under their own names,
 switched per request (`set_adapter`; the base itself with the adapter disabled), at most `--max-adapters`
-resident per base (fewer when `--memory-bytes` and the planner's bound, core.planner.serving, say so), the
+resident per base (fewer when `--memory-bytes` and the planner's bound, planner.serving, say so), the
 least recently used deleted from the peft model when another must load and reloaded from its path on next
 use. On a CPU one base is loaded at a time.
 

@@ -5,7 +5,7 @@ that touches torch (`complete`) runs on the one generation thread (inference.sch
   - one base loaded at a time on a CPU (`max_bases`); a request for another base drops the least
     recently used one, with its resident adapters (they reload from their paths on next use)
   - per base at most `max_adapters` adapters resident, fewer when `memory_bytes` says so (the planner's
-    core.planner.serving bound: base + buffers, the rest for adapters); the least recently used adapter
+    planner.serving bound: base + buffers, the rest for adapters); the least recently used adapter
     is deleted from the peft model before another is loaded
   - a base model request runs with the adapters disabled; an adapter request sets its adapter
 The batched path (inference.batcher) renders a request with `render` and holds its adapter with `pin`
@@ -415,7 +415,7 @@ def load_base(
     never remote code, safetensors weights), in eval mode with the KV cache on; its memory bound counts
     the batcher's bounds (max_batch_tokens, max_running rows)."""
     from core.arch import load_architecture
-    from core.planner.serving import serving_bytes
+    from planner.serving import serving_bytes
     from training import vision, vision_model
     from training.model import base_dtype, load_tokenizer, pick_device
 

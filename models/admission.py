@@ -15,15 +15,11 @@ from core.arch import load_architecture
 from core.catalog import Catalog
 from core.data.examples import KIND_OBJECTIVE, kind_of
 from core.errors import Conflict, InvalidInput, NotFound, Unsupported
-from core.graders.judge import JudgeConfig
-from core.graders.policy import admitted
-from core.planner import BatchShape, Plan
-from core.planner.feasibility import plan_for_fleet, plan_on, require_fits, tokens_per_epoch
-from core.planner.gpus import resolve_gpu
-from core.planner.sharding import fsdp_problem
+from core.judge_config import JudgeConfig
 from core.settings import Settings
 from core.spec import JobSpec
 from core.states import JobStatus
+from graders.policy import admitted
 from models import datasets as datasets_db
 from models import jobs as jobs_db
 from models import openai_jobs
@@ -31,6 +27,10 @@ from models import workers as workers_db
 from models.job_inputs import base_model, datasets_with
 from models.tables import Dataset, Job
 from models.vision_admission import check_image_base
+from planner import BatchShape, Plan
+from planner.feasibility import plan_for_fleet, plan_on, require_fits, tokens_per_epoch
+from planner.gpus import resolve_gpu
+from planner.sharding import fsdp_problem
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ WRONG_KIND_CODE = {"dpo": "dataset_not_preference", "grpo": "dataset_not_prompts
 
 
 def check_grader_policy(spec: JobSpec, settings: Settings) -> None:
-    """What this server grades with (core.graders.policy, core.settings.Settings): python graders only
+    """What this server grades with (graders.policy, core.settings.Settings): python graders only
     where the operator enabled the sandbox and it isolates them, model graders only with a judge endpoint
     configured and within the operator's bounds on it (its allowed models, its tokens per call)."""
     if spec.grader is not None:

@@ -1,4 +1,4 @@
-"""A job's files in its tenant's storage quota (core.job_files has what they are and how they are counted).
+"""A job's files in its tenant's storage quota (planner.job_files has what they are and how they are counted).
 
 Admission projects them (`projection`) and reserves the projection on the Job row as its allowance
 (files_allowance_bytes), under the tenant's lock (models.tenants.check_job_files_room). A job counts its
@@ -11,7 +11,6 @@ from __future__ import annotations
 from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
-from core import job_files
 from core.arch import load_architecture
 from core.catalog import Catalog
 from core.errors import InvalidInput, NotFound
@@ -20,12 +19,13 @@ from core.states import TERMINAL
 from core.storage import Storage
 from models import datasets as datasets_db
 from models.tables import Job
+from planner import job_files
 
 _FINISHED = [s.value for s in TERMINAL]
 
 
 def projection(session: Session, *, catalog: Catalog, spec: JobSpec, tenant_id: str) -> job_files.Projection:
-    """The most the job's files will take (core.job_files.project), from its base model's architecture
+    """The most the job's files will take (planner.job_files.project), from its base model's architecture
     and its dataset's size."""
     try:
         model = catalog.get(spec.base_model)

@@ -17,14 +17,14 @@ from sqlalchemy.orm import Session
 from core.arch import Architecture, load_architecture
 from core.catalog import Catalog
 from core.errors import FtuneError
-from core.planner import BatchShape, Plan
-from core.planner.feasibility import plan_on, worker_device
 from core.queues import class_queue
 from core.spec import JobSpec
 from core.states import JobStatus
 from models import workers as workers_db
 from models.tables import Job, JobEvent, Worker
 from models.transitions import add_event
+from planner import BatchShape, Plan
+from planner.feasibility import plan_on, worker_device
 
 GiB = 2**30
 WAITING = "waiting"  # the event kind that records a job's waiting reason when it changes

@@ -2,7 +2,7 @@
 
 A job is admitted before its data is tokenized, so its admission plan is the worst case: every
 micro-batch micro_batch_size x max_seq_len tokens, every position scored. The token statistics give
-the data's largest micro-batch (core.planner.BatchShape); the job is then planned again from it, as
+the data's largest micro-batch (planner.BatchShape); the job is then planned again from it, as
 admission plans (on the fleet, or FTUNE_PLAN_GPU). admission-plan.json keeps the admission plan;
 plan.json, the job's predicted peak and a `replanned` event carry the new one. Placement plans from the
 same shape on the worker that claims the job (models.placement), and that plan is the one it runs under.
@@ -17,13 +17,13 @@ from sqlalchemy.orm import Session
 
 from core.catalog import Catalog
 from core.errors import FtuneError
-from core.planner import BatchShape, Plan
 from core.spec import JobSpec
 from core.states import JobStatus
 from core.storage import Storage, atomic_write_text
 from models import jobs as jobs_db
 from models.admission import make_plan
 from models.transitions import add_event
+from planner import BatchShape, Plan
 
 log = logging.getLogger(__name__)
 GiB = 2**30

@@ -18,7 +18,6 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.catalog import Catalog
-from core.job_files import Projection
 from core.settings import Settings
 from core.spec import JobSpec
 from core.storage import Storage, atomic_write_text, new_id
@@ -31,6 +30,7 @@ from models.tables import Job
 from models.tenants import TenantGate
 from models.token_stats import measure_at_admission
 from models.tool_support import from_settings as tools_check_for
+from planner.job_files import Projection
 
 log = logging.getLogger(__name__)
 

@@ -108,7 +108,7 @@ class Job(Base):
     eta_seconds: Mapped[float | None] = mapped_column(Float)
     peak_mem_bytes: Mapped[int | None] = mapped_column(BigInteger)
     predicted_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    # The job's files in its tenant's storage quota (core.job_files, models.job_files): the allowance
+    # The job's files in its tenant's storage quota (planner.job_files, models.job_files): the allowance
     # reserved at admission, counted while the job is not finished; what its directory holds once it is.
     files_allowance_bytes: Mapped[int | None] = mapped_column(BigInteger)
     files_bytes: Mapped[int | None] = mapped_column(BigInteger)

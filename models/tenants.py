@@ -22,12 +22,12 @@ from sqlalchemy.orm import Session
 
 from core import keys
 from core.errors import PayloadTooLarge, RateLimited
-from core.job_files import Projection
 from core.states import TERMINAL
 from core.storage import new_id
 from models.fleet_limits import FleetCounters, Unavailable
 from models.job_files import jobs_bytes
 from models.tables import ApiKey, Dataset, IdempotencyKey, Job, Tenant, utcnow
+from planner.job_files import Projection
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def check_storage_room(session: Session, tenant_id: str, size_bytes: int, quota:
 
 
 def check_job_files_room(session: Session, tenant_id: str, files: Projection, quota: int) -> None:
-    """Refuse a job whose files (at their most: core.job_files.project) would take the tenant past its
+    """Refuse a job whose files (at their most: planner.job_files.project) would take the tenant past its
     storage quota, naming the fields that shrink them (after lock_tenant, as check_storage_room)."""
     used = stored_bytes(session, tenant_id)
     if used + files.total <= quota:

@@ -1,6 +1,6 @@
 """`make lint`'s duplicate check: no two places in product code share six or more identical lines.
 
-    python -m tests.duplicate_lines core training inference models api worker cli
+    python -m tests.duplicate_lines core planner graders training inference models api worker cli
 
 Lines are compared after folding white space, leaving out what carries no logic of its own: blank
 lines, comments, docstrings, functions' signatures, import lines and lines of brackets and commas alone.

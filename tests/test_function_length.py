@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "training", "models", "api", "worker", "cli", "inference")
+PACKAGES = ("core", "planner", "graders", "training", "models", "api", "worker", "cli", "inference")
 MAX_LINES = 80
 
 # Functions still over the bound, as "path:qualified name": none. A listed function that is no longer over

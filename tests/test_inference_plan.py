@@ -1,5 +1,5 @@
 """`ftune up`'s engine and training worker planned on one device (cli/inference.py): the engine's bound is
-core.planner.serving's for the largest catalog model, and the training worker declares the device's
+planner.serving's for the largest catalog model, and the training worker declares the device's
 memory less that bound, so the planner never admits a job that only fits without the engine."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from cli.inference import MAX_ADAPTERS, MAX_LORA_RANK, engine_bound, training_de
 from core.arch import load_architecture
 from core.catalog import Catalog
 from core.errors import FtuneError
-from core.planner.gpus import resolve_gpu
-from core.planner.serving import serving_bytes
+from planner.gpus import resolve_gpu
+from planner.serving import serving_bytes
 from worker.devices import declared_device
 
 GiB, MiB = 2**30, 2**20

@@ -28,7 +28,7 @@ def launched() -> bool:
 
 def check_shardable(spec: JobSpec) -> None:
     """What FSDP here does not support, refused before any work (admission refuses it too)."""
-    from core.planner.sharding import fsdp_problem
+    from planner.sharding import fsdp_problem
 
     problem = fsdp_problem(spec.model_copy(update={"num_gpus": 2}))  # also a 1-GPU spec under torchrun
     if problem:

@@ -1,16 +1,17 @@
-"""The grading context of a grpo run (core.graders.GradeContext) from its run.json's GradingConfig."""
+"""The grading context of a grpo run (graders.GradeContext) from its run.json's GradingConfig."""
 
 from __future__ import annotations
 
-from core.graders import GradeContext
-from core.graders.sandbox import SandboxLimits, SandboxRunner
 from core.run_protocol import RunConfig
+from graders import GradeContext
+from graders.judge import connect
+from graders.sandbox import SandboxLimits, SandboxRunner
 
 
 def grade_context(config: RunConfig) -> GradeContext:
     """Python graders in the sandbox when the operator enabled them; score_model and label_model graders
     through the configured OpenAI-compatible endpoint when there is one, within the operator's bounds and
-    acting for the job's tenant (core.graders.judge; else they count a model_grader_server_error, which
+    acting for the job's tenant (graders.judge; else they count a model_grader_server_error, which
     admission prevents by refusing such a job)."""
     g = config.grading
     python = None
@@ -21,5 +22,5 @@ def grade_context(config: RunConfig) -> GradeContext:
             wall_seconds=g.python_timeout_seconds,
         )
         python = SandboxRunner(limits)
-    chat = g.judge.connect(g.tenant_id) if g.judge is not None else None
+    chat = connect(g.judge, g.tenant_id) if g.judge is not None else None
     return GradeContext(chat=chat, python=python)

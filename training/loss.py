@@ -2,7 +2,7 @@
 
 The model runs as usual (its lm_head on one position only, a negligible [batch, 1, vocab]); the decoder's
 final hidden states are taken at the scored positions (training.data.scored_targets, made on the host),
-and the head runs on those alone, in chunks of core.planner.memory.loss_chunk_tokens(vocab) tokens. For
+and the head runs on those alone, in chunks of planner.memory.loss_chunk_tokens(vocab) tokens. For
 each chunk one autograd-free pass makes the logits (the compute dtype, as autocast makes them), the
 fp32 loss, the argmax hits, and the gradient of each token's loss with respect to its hidden state
 ((softmax - one-hot) @ W): a token's loss depends on its own hidden state alone, so backward only scales
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from core.planner.memory import loss_chunk_tokens
+from planner.memory import loss_chunk_tokens
 from training import distributed
 
 # What a collated batch holds for the loss (training.data.scored_targets), not for the model.

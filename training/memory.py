@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from core.planner import FTUNE, BatchShape, Runtime
 from core.spec import JobSpec
+from planner import FTUNE, BatchShape, Runtime
 from training import batches
 
 MEASURED_STEPS = 3
@@ -227,7 +227,7 @@ def predicted_peaks(
     """The planner's allocated and reserved bytes for this spec on the device this run uses, for the run's
     largest micro-batch: what the tracker measures, stored next to it."""
     from core.arch import load_architecture
-    from core.planner.feasibility import device_gpu, plan_on
+    from planner.feasibility import device_gpu, plan_on
 
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

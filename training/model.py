@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from core.planner.context import autocast_dtype, half_dtype
 from core.spec import JobSpec
+from planner.context import autocast_dtype, half_dtype
 
 
 def pick_device() -> torch.device:
@@ -206,7 +206,7 @@ def skip_adapter_input_casts(model) -> int:
     same loss and gradients, but each wrapped linear made two more passes over its input, kept its own
     compute-dtype copy for backward, and cast its input's gradient back and forth. Without the cast,
     q/k/v (and gate/up) share the one input the base linears read and o_proj reads the attention output
-    the kernel keeps anyway (core.planner.memory counts this: Runtime.lora_input_cast).
+    the kernel keeps anyway (planner.memory counts this: Runtime.lora_input_cast).
     Only on CUDA: a CPU dropout scales its mask in its input's dtype (training.dropout), which a
     half-precision input would round."""
     from peft.tuners.lora import LoraLayer
@@ -301,7 +301,7 @@ class Precision:
 
 
 def precision_for(spec: JobSpec, device: torch.device, bf16: bool) -> Precision:
-    """The planner's rule (core.planner.context.autocast_dtype) on this device: "auto" is bf16 on a
+    """The planner's rule (planner.context.autocast_dtype) on this device: "auto" is bf16 on a
     GPU with bf16, fp16 with a GradScaler on one without, none on a CPU. `bf16`: bf16_supported(device),
     passed in so the rule is testable without such a GPU."""
     name = autocast_dtype(spec.mixed_precision, cuda=device.type == "cuda", bf16_supported=bf16)

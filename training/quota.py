@@ -1,8 +1,8 @@
-"""The run's files within the job's allowance in its tenant's storage quota (core.job_files).
+"""The run's files within the job's allowance in its tenant's storage quota (planner.job_files).
 
 Before a checkpoint, and before the final adapter (and merged export), the bytes it will write are added
 to what the job's directory holds; past RunConfig.files_allowance_bytes the run fails with
-storage_quota_exceeded (core.job_files.StorageQuotaExceeded, training.run's classify_error) before
+storage_quota_exceeded (planner.job_files.StorageQuotaExceeded, training.run's classify_error) before
 anything is written or pruned, so every earlier checkpoint stays. Collective under FSDP: rank 0, the
 writer, measures, and every rank raises alike. No allowance (None): nothing is checked. What an earlier
 attempt left half-written (a killed process) is removed at setup (discard_partial), so it is not counted.
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from core import job_files
 from core.arch import load_architecture
-from core.job_files import StorageQuotaExceeded
 from core.run_protocol import RunConfig
 from core.storage import CHECKPOINTS_DIR
+from planner import job_files
+from planner.job_files import StorageQuotaExceeded
 from training import distributed
 from training.step import Parts
 

@@ -80,7 +80,7 @@ def classify_error(e: BaseException) -> tuple[str, str]:
     """The stable code and message error.json reports for a failure."""
     import torch
 
-    from core.job_files import CODE, StorageQuotaExceeded
+    from planner.job_files import CODE, StorageQuotaExceeded
     from training.data import DatasetError
 
     if isinstance(e, DatasetError):

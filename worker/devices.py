@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from core.planner.gpus import resolve_gpu
+from planner.gpus import resolve_gpu
 
 
 def _ram_bytes() -> int:

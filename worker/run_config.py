@@ -55,7 +55,7 @@ def write_run_config(
         validation_column_mapping=val_mapping,
         # spec.init_from: the earlier job's adapter (admission checked its tenant, status and base)
         init_adapter_dir=str(init_dir) if init_dir else None,
-        # the judge of model graders acts for the job's tenant (core.graders.judge)
+        # the judge of model graders acts for the job's tenant (graders.judge)
         grading=(grading or GradingConfig()).model_copy(update={"tenant_id": tenant_id}),
         compile_layers=compile_layers,
         files_allowance_bytes=allowance,  # the job's files in its tenant's storage quota

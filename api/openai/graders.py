@@ -1,11 +1,11 @@
-"""/v1/fine_tuning/alpha/graders: OpenAI's `validate` and `run` over core.graders, per tenant, nothing stored.
+"""/v1/fine_tuning/alpha/graders: OpenAI's `validate` and `run` over graders, per tenant, nothing stored.
 
 validate answers "would a fine-tuning job with this grader be admitted here": the grader JSON checked whole
 (400 naming the field, e.g. `grader.graders.b.type`), a python grader only where the operator enabled the
 sandbox (python_grader_disabled) and it isolates (python_grader_unavailable), a score_model or
 label_model grader only with a judge endpoint configured (grader_model_not_configured), a model on the
 operator's list (grader_model_not_allowed) and within its token bound (grader_model_tokens_over_limit),
-the same refusals as job admission; the judge acts for the calling tenant (core.graders.judge). The answer
+the same refusals as job admission; the judge acts for the calling tenant (graders.judge). The answer
 echoes the normalised grader (defaults filled in; multi's `graders` a named map, or the one grader object
 when that is how it was given: the openai SDK's types know only that form).
 
@@ -18,7 +18,7 @@ as the grading, even when the client goes away, so disconnecting frees no slot e
 before grading: the body (1 MiB, api/bodylimit.py), the python source (256 kB), model_sample and item
 (64 KiB each), and the text the grader's templates and literals make for this sample (256 KiB), since a
 template that repeats {{ sample.output_text }} would otherwise multiply it and every metric's time grows
-with it (none quadratically: rouge_l's LCS is bit-parallel, core.graders.metrics).
+with it (none quadratically: rouge_l's LCS is bit-parallel, graders.metrics).
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ from api.auth import PrincipalDep
 from api.deps import ServicesDep
 from api.openai.errors import AUTHED, OpenAIErrorResponse, OpenAIRoute, documented
 from core.errors import InvalidInput
-from core.graders import (
+from core.judge_config import JudgeConfig
+from core.settings import Settings
+from graders import (
     GradeContext,
     Grader,
     GraderError,
@@ -42,13 +44,12 @@ from core.graders import (
     make_sample,
     templates,
 )
-from core.graders.judge import BoundedJudge, JudgeConfig
-from core.graders.multi import MultiGrader
-from core.graders.policy import admitted
-from core.graders.results import GradeFailure
-from core.graders.sandbox import SandboxLimits, SandboxRunner
-from core.graders.templates import Template
-from core.settings import Settings
+from graders.judge import BoundedJudge, connect
+from graders.multi import MultiGrader
+from graders.policy import admitted
+from graders.results import GradeFailure
+from graders.sandbox import SandboxLimits, SandboxRunner
+from graders.templates import Template
 
 router = APIRouter(
     prefix="/fine_tuning/alpha/graders",
@@ -106,7 +107,7 @@ class GraderRunResponse(BaseModel):
 
 
 def checked(raw: Any, settings: Settings) -> Grader:
-    """The grader as this server would admit it for a job (core.graders.policy)."""
+    """The grader as this server would admit it for a job (graders.policy)."""
     return admitted(
         raw,
         python_enabled=settings.python_grader_enabled,
@@ -138,7 +139,7 @@ def rendered_chars(value: Any, sample: dict[str, Any], item: dict[str, Any], key
     try:
         return len(Template.parse(value, key).render(sample, item))
     except GradeFailure as e:
-        if e.errors.other_error:  # one template alone fills in past the cap (core.graders.templates)
+        if e.errors.other_error:  # one template alone fills in past the cap (graders.templates)
             return MAX_RENDERED_CHARS + 1
         return len(value)  # a variable that grading will flag
     except GraderError:  # not a template here
@@ -162,9 +163,9 @@ def check_sizes(body: RunGraderRequest, sample: dict[str, Any], item: dict[str, 
 
 def judge(settings: Settings, tenant_id: str) -> BoundedJudge | None:
     """The judge where one is configured, within the operator's bounds and acting for the tenant
-    (core.graders.judge; close() it when done)."""
+    (graders.judge; close() it when done)."""
     config = JudgeConfig.from_settings(settings)
-    return None if config is None else config.connect(tenant_id)
+    return None if config is None else connect(config, tenant_id)
 
 
 @router.post("/validate", response_model=GraderValidateResponse)

@@ -33,8 +33,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from core.errors import InvalidInput, Unsupported
-from core.graders.parse import check_size
 from core.spec import JobSpec, limits
+from graders.parse import check_size
 
 Auto = Literal["auto"]
 DEFAULT_LR: float = JobSpec.model_fields["learning_rate"].default

@@ -14,8 +14,8 @@ from api.responses import AUTHED, errors
 from api.sse import open_stream
 from core.archive import flat_files, stream_tar_gz
 from core.errors import InvalidInput, NotFound
-from core.planner import Plan
 from models.tables import Artifact
+from planner import Plan
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(*AUTHED, 404))
 

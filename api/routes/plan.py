@@ -10,9 +10,9 @@ from api.deps import ServicesDep, SessionDep
 from api.jsonbody import ThreadDecodedRoute
 from api.responses import AUTHED, errors
 from core.errors import Unavailable
-from core.planner import Plan
 from core.spec import JobSpec
 from models.admission import make_plan
+from planner import Plan
 
 router = APIRouter(tags=["plan"], responses=errors(*AUTHED), route_class=ThreadDecodedRoute)
 

@@ -2,7 +2,7 @@
 
 What jobs.token_stats holds (TokenStats), the one-line summary shown in the job's events, and what a
 measurement is asked (StatsRequest) and answers (Compute). Pure, so the planner reads them
-(core.planner.BatchShape.from_token_stats). Who measures them, when, and in which process is told once, in
+(planner.BatchShape.from_token_stats). Who measures them, when, and in which process is told once, in
 models.token_stats; the counting itself is training.token_stats.
 """
 
@@ -51,7 +51,7 @@ class TokenStats(BaseModel):
         None,
         description="Passes over the training data the run makes: epochs, or max_steps / steps_per_epoch.",
     )
-    # What the planner re-plans the job with (core.planner.BatchShape): training.batches.largest_micro_batch.
+    # What the planner re-plans the job with (planner.BatchShape): training.batches.largest_micro_batch.
     max_micro_batch_tokens: int | None = Field(
         None, description="Tokens of the largest micro-batch training forms, padding included."
     )

@@ -11,13 +11,13 @@ from fastapi.testclient import TestClient
 
 from api.deps import Services
 from core.arch import load_architecture
-from core.planner import BatchShape
-from core.planner.feasibility import device_gpu, plan_on
-from core.planner.gpus import RESERVE_MIN_BYTES
 from core.spec import JobSpec
 from models import jobs as jobs_db
 from models import workers as workers_db
 from models.db import session_scope
+from planner import BatchShape
+from planner.feasibility import device_gpu, plan_on
+from planner.gpus import RESERVE_MIN_BYTES
 from training.demo import TINY, build_demo_model
 
 MiB = 2**20
@@ -41,7 +41,7 @@ def _worker_with(client: TestClient, memory_bytes: int) -> None:
 
 def _total(real_model: Path, dataset_id: str, shape: BatchShape | None = None) -> int:
     """The plan's bytes on a CPU worker (the total does not depend on its size); a worker declaring
-    RESERVE + n bytes has n usable (core.planner.gpus)."""
+    RESERVE + n bytes has n usable (planner.gpus)."""
     cpu = device_gpu({"kind": "cpu", "name": "cpu", "memory_bytes": 8 * 2**30})
     spec = JobSpec(**SPEC, dataset_id=dataset_id)
     return plan_on(spec, load_architecture(real_model), cpu, shape=shape).total_bytes

@@ -1,4 +1,4 @@
-"""Job files in the tenant's storage quota (core.job_files, models.job_files): a job whose checkpoints,
+"""Job files in the tenant's storage quota (planner.job_files, models.job_files): a job whose checkpoints,
 adapter and merged export would not fit is refused at POST /jobs and /v1 create (413
 storage_quota_exceeded, naming the fields to change); an admitted job's reservation counts for the
 tenant's next jobs and uploads; a finished job counts what its files take, a deleted one nothing; a
@@ -14,7 +14,6 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from core import job_files
 from core.arch import load_architecture
 from core.settings import Settings
 from core.spec import JobSpec
@@ -22,6 +21,7 @@ from core.states import JobStatus
 from models import jobs as jobs_db
 from models import tenants as tenants_db
 from models.db import session_scope
+from planner import job_files
 from tests.api.conftest import ALPACA
 
 SPEC: dict[str, Any] = {"base_model": "tiny", "method": "lora"}

@@ -244,8 +244,8 @@ def test_token_stats_summary_of_pairs() -> None:
 
 def test_the_planner_counts_both_sides_and_the_reference() -> None:
     from core.arch import from_config
-    from core.planner import estimate
-    from core.planner.gpus import resolve_gpu
+    from planner import estimate
+    from planner.gpus import resolve_gpu
 
     arch = from_config(
         {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,

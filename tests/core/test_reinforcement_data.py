@@ -11,8 +11,8 @@ from pydantic import ValidationError
 
 from core.data.examples import read_examples, read_prompts
 from core.data.validate import DatasetValidator, validate_file
-from core.graders import GraderError
 from core.spec import JobSpec
+from graders import GraderError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 LIMITS: dict[str, Any] = {"max_line_bytes": 1 << 20, "min_examples": 1, "max_problems": 50}

@@ -24,11 +24,11 @@ import httpx
 import pytest
 
 from core.arch import load_architecture
-from core.planner.feasibility import plan_on, worker_device
 from core.spec import JobSpec
 from models.db import make_engine, make_session_factory, session_scope
 from models.tables import Job, JobEvent, Worker
 from models.tenants import create_key
+from planner.feasibility import plan_on, worker_device
 from tests.conftest import reachable, redis_database
 from tests.e2e.stack import AUTH, REPO, Proc, env_for, free_port, wait_finished, wait_ready
 

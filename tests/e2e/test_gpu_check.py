@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from core.arch import load_architecture
-from core.planner.feasibility import plan_on
-from core.planner.gpus import resolve_gpu
 from core.spec import JobSpec
+from planner.feasibility import plan_on
+from planner.gpus import resolve_gpu
 from tests.e2e.stack import REPO
 
 

@@ -6,7 +6,7 @@ refused (4xx) or answered, never a 500 or a dropped connection.
 The strict figures (p99 under 100 ms) are bench/hostile_load.py's and bench/sse_streams.py's; here the
 suite's other workers share the 2 cores, so the bounds are looser but fail without the fixes: a single
 "{{" template of 40k characters held the interpreter lock for 14 s, and 300 streams' polls took B's
-GET /jobs to 290-400 ms. (The python grader sandbox's escapes are tests/core/test_sandbox_escapes.py;
+GET /jobs to 290-400 ms. (The python grader sandbox's escapes are tests/graders/test_sandbox_escapes.py;
 fair webhook dispatch, tests/worker/test_webhook_fairness.py: they run in other processes.)"""
 
 from __future__ import annotations

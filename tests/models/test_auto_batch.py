@@ -10,7 +10,7 @@ import pytest
 
 from core.spec import JobSpec
 from models import auto_batch
-from tests.core.test_planner_grpo import GRADER
+from tests.planner.test_planner_grpo import GRADER
 
 
 @dataclass

@@ -13,15 +13,15 @@ import pytest
 from core.arch import load_architecture
 from core.catalog import Catalog
 from core.data.token_stats import StatsRequest
-from core.planner import BatchShape, Plan
-from core.planner.feasibility import plan_on
-from core.planner.gpus import resolve_gpu
 from core.spec import JobSpec
 from core.storage import Storage
 from models import jobs as jobs_db
 from models.db import session_scope
 from models.tables import Dataset, Job
 from models.token_stats import compute_and_store
+from planner import BatchShape, Plan
+from planner.feasibility import plan_on
+from planner.gpus import resolve_gpu
 from tests.worker.runner_env import job_in_db
 
 MAPPING = {"question": "prompt", "answer": "completion"}

@@ -21,8 +21,8 @@ import openai
 import pytest
 from openai.types.graders import LabelModelGrader, MultiGrader
 
-from tests.core.graders.chat_stub import ChatStub, chat_stub, completion
 from tests.e2e.stack import REPO, Proc, env_for, free_port
+from tests.graders.chat_stub import ChatStub, chat_stub, completion
 from tests.openai.conftest import Server
 
 pytestmark = pytest.mark.slow

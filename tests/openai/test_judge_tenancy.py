@@ -24,7 +24,7 @@ import pytest
 
 from api.main import create_app
 from core import ft_names
-from core.graders.judge import GRADING_TENANT_HEADER
+from core.judge_config import GRADING_TENANT_HEADER
 from core.settings import Settings
 from models.db import session_scope
 from models.migrate import upgrade

@@ -9,9 +9,9 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from core import job_files
 from core.run_protocol import RunConfig, read_error
 from core.storage import ADAPTER_DIR, CHECKPOINT_ADAPTERS_DIR, CHECKPOINTS_DIR, ERROR_FILE, MERGED_DIR
+from planner import job_files
 from training.checkpoint import FILES, checkpoint_name, latest_checkpoint, list_checkpoints, prune
 from training.run import EXIT_FAILED, EXIT_OK, run
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from core.arch import load_architecture
-from core.planner.memory import ActivationSetup, fused_gate, fused_norm, layer_saved_bytes_per_token
 from core.spec import JobSpec
+from planner.memory import ActivationSetup, fused_gate, fused_norm, layer_saved_bytes_per_token
 from training import fused
 from training.model import load_model, skip_adapter_input_casts
 

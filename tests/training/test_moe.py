@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from core.arch import load_architecture
-from core.planner import BatchShape
-from core.planner.feasibility import device_gpu, plan_on
 from core.run_protocol import EXIT_OK
 from core.spec import JobSpec
 from core.storage import ADAPTER_DIR, CHECKPOINTS_DIR, METRICS_FILE
+from planner import BatchShape
+from planner.feasibility import device_gpu, plan_on
 from tests.training.util import qa_rows, read_metrics, write_jsonl
 from training import moe
 from training.checkpoint import checkpoint_name

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from core.arch import load_architecture
-from core.planner import BatchShape
-from core.planner.feasibility import device_gpu, plan_on
 from core.run_protocol import RunConfig
 from core.spec import JobSpec
+from planner import BatchShape
+from planner.feasibility import device_gpu, plan_on
 from tests.training.util import read_metrics, write_jsonl
 from training.demo import DemoSize, build_demo_model
 from training.run import run

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from core.arch import load_architecture
-from core.planner.context import compute_dtype as planned_dtype
-from core.planner.context import plan_context
-from core.planner.gpus import GPUS, Gpu
-from core.planner.types import Runtime
 from core.spec import JobSpec
+from planner.context import compute_dtype as planned_dtype
+from planner.context import plan_context
+from planner.gpus import GPUS, Gpu
+from planner.types import Runtime
 from training.model import compute_dtype, precision_for
 
 CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")

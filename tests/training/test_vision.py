@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.planner.vision import image_tokens
 from core.run_protocol import EXIT_OK, RunConfig
 from core.spec import JobSpec
 from core.storage import ADAPTER_DIR, METRICS_FILE
+from planner.vision import image_tokens
 from tests.training.util import read_metrics
 from training import vision
 from training.data import collate

@@ -13,11 +13,11 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.data.token_stats import StatsRequest
-from core.planner import BatchShape
 from core.queues import CPU_QUEUE, QUEUE, QUEUE_OF, REAP, RUN_JOB, TOKEN_STATS, class_queue
 from core.settings import Settings
 from models import jobs as jobs_db
 from models import workers as workers_db
+from planner import BatchShape
 from tests.worker.runner_env import job_in_db
 from worker.celery_app import DELIVER_WEBHOOKS
 from worker.runner import JobRunner

@@ -4,7 +4,7 @@ An objective says how its dataset is read (`load`: the items a step's rows index
 step does with a global batch of them (`train_step`), how a held-out split is evaluated (`evaluate`),
 and which of its items give the before/after sample prompts (`sample_prompts`). The recipe
 (training.recipe), the token statistics (training.token_stats) and the samples (training.samples) call
-these and never ask which objective runs. Its planner terms are the planner's (core.planner: the
+these and never ask which objective runs. Its planner terms are the planner's (planner: the
 reference's forward, grpo's rollouts), which admission runs without torch.
 
 Each objective has one home, a package here: its data where training.data's examples are not it (dpo's

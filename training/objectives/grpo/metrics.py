@@ -6,8 +6,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from core.graders import count_errors
 from core.run_protocol import RLMetrics
+from graders import count_errors
 from training.rollouts import Completion
 
 

@@ -1,5 +1,5 @@
 """grpo's rollouts: answers sampled from the policy being trained (training.rollouts) and graded by the
-spec's grader (core.graders; OpenAI's grader JSON) against their dataset rows, in a bounded thread pool.
+spec's grader (graders; OpenAI's grader JSON) against their dataset rows, in a bounded thread pool.
 A failed grade scores 0 and counts its error (metrics.summarize)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from core.graders import GradeContext, Grader, GradeResult, grade_many, make_sample, parse_grader
 from core.response_format import schema_of
+from graders import GradeContext, Grader, GradeResult, grade_many, make_sample, parse_grader
 from training import rollouts
 from training.decoding.constraint import Grammar
 from training.grading import grade_context
