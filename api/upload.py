@@ -80,11 +80,14 @@ class FileSink:
 
 async def _chunks(request: Request, idle_timeout: float) -> AsyncIterator[bytes]:
     """The body's chunks. Dropped (408): a client that sends nothing for idle_timeout seconds, and one
-    that, past idle_timeout, averages under MIN_BYTES_PER_SECOND (a drip-feed would hold a slot forever)."""
+    that, past idle_timeout, averages under MIN_BYTES_PER_SECOND (a drip-feed would hold a slot forever).
+    The average is over the time spent waiting for the client: not the time its chunks took to check (a
+    row's image URLs may be fetched then), during which its bytes wait in the socket's buffers."""
     stream = request.stream().__aiter__()
     loop = asyncio.get_running_loop()
-    start, received = loop.time(), 0
+    elapsed, received = 0.0, 0
     while True:
+        start = loop.time()
         try:
             chunk = await asyncio.wait_for(stream.__anext__(), idle_timeout)
         except StopAsyncIteration:
@@ -92,7 +95,7 @@ async def _chunks(request: Request, idle_timeout: float) -> AsyncIterator[bytes]
         except TimeoutError as e:
             raise RequestTimeout(f"upload stalled: no data for {idle_timeout:g} s", param=FILE_FIELD) from e
         received += len(chunk)
-        elapsed = loop.time() - start
+        elapsed += loop.time() - start
         if elapsed > idle_timeout and received < elapsed * MIN_BYTES_PER_SECOND:
             raise RequestTimeout(f"upload too slow: {received} bytes in {elapsed:.0f} s", param=FILE_FIELD)
         yield chunk

@@ -1,5 +1,6 @@
-"""Where a tenant may make ftune connect (webhooks): public unicast addresses only, unless the operator allows
-private ones (FTUNE_WEBHOOK_ALLOW_PRIVATE).
+"""Where a tenant may make ftune connect (webhooks, and image URLs where fetching is on: core.image_fetch):
+public unicast addresses only, unless the operator allows private ones (FTUNE_WEBHOOK_ALLOW_PRIVATE,
+FTUNE_IMAGE_FETCH_ALLOW_PRIVATE).
 
 A host is resolved and every address it resolves to is checked (one private record among public ones is
 refused: that is how DNS rebinding gets in); the caller connects to the checked address, never resolves

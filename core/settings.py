@@ -94,6 +94,15 @@ class Settings(BaseSettings):
     # The key that encrypts webhook secrets in the database (any long random string). Empty: the key file
     # `secret.key` in data_dir, made on first use; a worker on another machine must set this to its content.
     secret_key: SecretStr = SecretStr("")
+    # http(s) image URLs in chat rows and chat requests (core/image_fetch.py, docs/operations.md). Off:
+    # refused (400 / line code image_url_not_fetched); send images inline as data: URLs. On: the API fetches
+    # each one through the webhooks' address guard (private destinations refused unless allowed), within the
+    # timeout (lookup + connect + read) and the image limits of core/data/images.py, no redirects followed,
+    # and inlines it: a stored dataset row holds the image as a data: URL. At most so many URLs per upload.
+    image_fetch_enabled: bool = False
+    image_fetch_timeout_seconds: float = Field(default=10, gt=0)
+    image_fetch_allow_private: bool = False
+    image_fetch_max_per_upload: int = Field(default=100, ge=1)
     worker_name: str = ""
     worker_concurrency: int = 1
     # Start single-process training runs from a warm fork server (training.forkserver), saving each run

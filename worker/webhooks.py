@@ -10,7 +10,8 @@ restarted worker (or another one) carries on where this one stopped.
 A receiver is a tenant's server, so it is not trusted: each attempt has one hard deadline for the lookup,
 connect, send and read (FTUNE_WEBHOOK_TIMEOUT_SECONDS) and reads at most MAX_RESPONSE_BYTES; the host is
 resolved (a tenant's lookups bounded: core.net) and checked again at delivery and the connection made to
-the address checked (the Host header, SNI and the certificate name the host); redirects are not followed.
+the address checked (core.pinned_http: the Host header, SNI and the certificate name the host); redirects
+are not followed.
 Attempts run in a `Deliverer`'s bounded pool, apart from the worker's heartbeat and reaper, at most so
 many at once per tenant and per host. Tenants take turns (models.webhooks.due): a pass reads at most a
 tenant's cap of its oldest due events, every tenant's first before anyone's second, so one tenant's
@@ -24,23 +25,19 @@ import functools
 import hashlib
 import hmac
 import http.client
-import io
 import json
 import logging
-import socket
-import ssl
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
 from urllib.parse import urlsplit
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from core import net
+from core.pinned_http import Deadline, exchange
 from core.secretbox import SecretBox, SecretUnreadable
 from core.settings import Settings
 from models import webhooks as webhooks_db
@@ -63,85 +60,6 @@ def sign(secret: str, event_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
 
 
-class Deadline:
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        left = self.end - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the attempt's deadline passed")
-        return left
-
-
-class ResponseTooLarge(http.client.HTTPException):
-    pass
-
-
-class _Budgeted(io.RawIOBase):
-    """The read side of a connection: each read waits at most what is left of the deadline, and at most
-    `limit` bytes are read in all."""
-
-    def __init__(self, sock: socket.socket, deadline: Deadline, limit: int) -> None:
-        self.sock, self.deadline, self.left_bytes = sock, deadline, limit
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        if self.left_bytes <= 0:
-            raise ResponseTooLarge(f"the response's head is over {MAX_RESPONSE_BYTES} bytes")
-        self.sock.settimeout(self.deadline.left())
-        n = self.sock.recv_into(memoryview(buffer).cast("B")[: self.left_bytes])
-        self.left_bytes -= n
-        return n
-
-
-class _Reader:
-    """What http.client.HTTPResponse reads a response from: the connection's socket, budgeted."""
-
-    def __init__(self, sock: socket.socket, deadline: Deadline, limit: int) -> None:
-        self.raw = _Budgeted(sock, deadline, limit)
-
-    def makefile(self, mode: str) -> io.BufferedReader:
-        return io.BufferedReader(self.raw)
-
-
-class PinnedConnection(http.client.HTTPConnection):
-    """HTTP/1.1 to `address` (checked) speaking to `host`: the Host header, and over TLS the SNI and the
-    certificate check, name the host. Each blocking step waits at most what is left of `deadline`."""
-
-    def __init__(
-        self, host: str, port: int, address: str, deadline: Deadline, tls: ssl.SSLContext | None
-    ) -> None:
-        super().__init__(host, port, timeout=deadline.left())
-        self.address, self.deadline, self.tls = address, deadline, tls
-
-    def connect(self) -> None:
-        sock = socket.create_connection((self.address, self.port), timeout=self.deadline.left())
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.tls is not None:
-                sock.settimeout(self.deadline.left())  # the handshake: one deadline for all of it
-                sock = self.tls.wrap_socket(sock, server_hostname=self.host)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
-
-    def send(self, data: Any) -> None:
-        if self.sock is None:
-            self.connect()
-        assert self.sock is not None
-        self.sock.settimeout(self.deadline.left())  # sendall: one deadline for all of it
-        super().send(data)
-
-
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    return ssl.create_default_context()
-
-
 def http_post(
     url: str,
     address: str,
@@ -154,23 +72,10 @@ def http_post(
     of the answer, whose head is read up to `max_response_bytes` and whose body is not read. No redirects: a
     signed event goes to the registered URL only."""
     deadline = Deadline(timeout)
-    parts = urlsplit(url)
-    host, port = net.host_port(url)
-    tls = _tls() if parts.scheme == "https" else None
-    conn = PinnedConnection(host, port, address, deadline, tls)
-    try:
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        conn.request("POST", target, body=body, headers={**headers, "connection": "close"})
-        assert conn.sock is not None
-        reader: Any = _Reader(conn.sock, deadline, max_response_bytes)
-        response = http.client.HTTPResponse(reader, method="POST")
-        try:
-            response.begin()
-            return response.status
-        finally:
-            response.close()
-    finally:
-        conn.close()
+    with exchange(
+        "POST", url, address, deadline=deadline, max_bytes=max_response_bytes, headers=headers, body=body
+    ) as response:
+        return response.status
 
 
 def backoff(settings: Settings, attempt: int) -> float:

@@ -7,7 +7,8 @@ then forwards the request and passes the engine's answer back as it comes: JSON,
 the fields ftune supports, re-serialised), never the caller's bytes: messages with content parts, tool
 calls and tool results, `tools` / `tool_choice` / `parallel_tool_calls` (and the legacy `functions` /
 `function_call`) and `response_format`, which the engine checks against the model and enforces
-(inference.structured). The engine's errors (404
+(inference.structured). Where the operator enables image fetching, an image part's http(s) URL is fetched
+here and sent on inlined as a data: URL (api/openai/chat_images.py). The engine's errors (404
 model_not_found, 429 engine_overloaded with Retry-After, 504 engine_timeout, 400) keep their status and
 OpenAI-shaped body; an engine that cannot be reached is 503 inference_unavailable, without its address.
 The judge of model graders (its key FTUNE_GRADER_MODEL_API_KEY) asks as the tenant whose grader it judges
@@ -37,6 +38,7 @@ from starlette.concurrency import run_in_threadpool
 from api.auth import ChatPrincipalDep
 from api.deps import Services, ServicesDep
 from api.inference_client import Adapter, EngineError, InferenceClient
+from api.openai.chat_images import inline_images
 from api.openai.errors import AUTHED, OpenAIErrorResponse, OpenAIRoute, documented, error_response
 from api.sse import HeldStream
 from core.chat_limits import MAX_N, MAX_STOP_CHARS, MAX_STOPS
@@ -305,6 +307,7 @@ async def answer(
 ) -> Response:
     """The engine's answer: whole (JSON), or a HeldStream that closes the engine's response at its end."""
     adapter = await run_in_threadpool(resolve, services, body.model, principal)
+    await run_in_threadpool(inline_images, body, services.settings, principal.tenant_id)
     engine = engine_of(request, services)
     try:
         response = await send(engine, adapter, body.forwarded())

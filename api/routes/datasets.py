@@ -19,9 +19,10 @@ from api.errors import error_body
 from api.idempotency import IdempotencyKeyHeader, body_hash, check_replay_body, replayed
 from api.responses import AUTHED, errors
 from api.schemas import DatasetOut, Page, dataset_out
-from api.upload import FileSink, parse_column_mapping, receive, upload_doc
+from api.upload import FILE_FIELD, FileSink, parse_column_mapping, receive, upload_doc
 from core.data.validate import DatasetValidator
 from core.errors import Conflict, NotFound, PayloadTooLarge
+from core.image_fetch import ImageFetcher
 from core.storage import new_id
 from models import datasets as datasets_db
 from models import idempotency as idem
@@ -87,8 +88,12 @@ async def upload_once(
     tmp = services.storage.temp_file()
     try:
         room = await run_in_threadpool(upload_room, services, principal)
-        filename, fields, report = await receive_and_validate(request, services, tmp, room)
-        hashed = {k: report[k] for k in ("sha256", "column_mapping")} | {"filename": filename}
+        filename, fields, report, received_sha256 = await receive_and_validate(
+            request, services, tmp, room, principal.tenant_id
+        )
+        # The bytes received, not those stored: a retry of the same upload whose image URLs now serve
+        # other bytes is still the same request.
+        hashed = {"sha256": received_sha256, "column_mapping": report["column_mapping"], "filename": filename}
         request_hash = body_hash(hashed | {k: fields.get(k) for k in hashed_fields})
         if key and claimed is not None and not isinstance(claimed, idem.Owner):  # a replay
             await run_in_threadpool(check_replay_body, services, scope_key, key, request_hash)
@@ -127,12 +132,22 @@ def upload_room(services: Services, principal: Principal) -> int:
 
 
 async def receive_and_validate(
-    request: Request, services: Services, tmp: Path, max_bytes: int
-) -> tuple[str, dict[str, str], dict[str, Any]]:
-    """Stream the upload into `tmp` through the validator: (filename, the form's other fields, report)."""
+    request: Request, services: Services, tmp: Path, max_bytes: int, tenant_id: str
+) -> tuple[str, dict[str, str], dict[str, Any], str]:
+    """Stream the upload into `tmp` through the validator: (filename, the form's other fields, report, the
+    sha256 of the bytes received). Where the operator enables image fetching, a chat row's image URLs are
+    fetched as its line is checked, and a valid upload is stored with them inlined (`tmp` rewritten:
+    core.data.validate), within `max_bytes` as stored."""
     settings = services.settings
     mapping = parse_column_mapping(request.query_params.get("column_mapping"))
-    validator = DatasetValidator.from_settings(settings, mapping, spill_dir=tmp.parent)
+
+    def validator_for(mapping: dict[str, str] | None) -> DatasetValidator:
+        fetch = ImageFetcher.from_settings(
+            settings, tenant_id, max_fetches=settings.image_fetch_max_per_upload
+        )
+        return DatasetValidator.from_settings(settings, mapping, spill_dir=tmp.parent, fetch_image=fetch)
+
+    validator = validator_for(mapping)
     sink = FileSink(tmp, validator.feed, max_bytes)
     try:
         upload = await receive(request, sink, settings.upload_idle_timeout_seconds)
@@ -142,11 +157,19 @@ async def receive_and_validate(
     if mapping is None and "column_mapping" in upload.fields:
         # A mapping sent as a form field is known only once the form is parsed: validate again from disk.
         mapping = parse_column_mapping(upload.fields["column_mapping"])
-        validator = DatasetValidator.from_settings(settings, mapping, spill_dir=tmp.parent)
+        validator = validator_for(mapping)
         await run_in_threadpool(validator.feed_file, tmp)
-    report = (await run_in_threadpool(validator.finish)).model_dump(mode="json")
+    received_sha256 = (await run_in_threadpool(validator.finish)).sha256
+    report = (await run_in_threadpool(validator.stored, tmp)).model_dump(mode="json")
+    if report["size_bytes"] > max_bytes:
+        raise PayloadTooLarge(
+            f"with its fetched images inlined the upload is {report['size_bytes']} bytes, over the limit of "
+            f"{max_bytes} bytes",
+            param=FILE_FIELD,
+            details={"max_bytes": max_bytes},
+        )
     report["column_mapping"] = mapping
-    return upload.filename, upload.fields, report
+    return upload.filename, upload.fields, report, received_sha256
 
 
 def store_dataset(

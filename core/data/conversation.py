@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from core.data.images import Fetch
 from core.data.messages import ToolCall
 from core.data.parts import content_text
 from core.data.problems import LineProblem, checked_string, json_type, show
@@ -50,11 +51,12 @@ def check_messages(
     parallel: bool = True,
     after: str | None = None,
     images: bool = False,
+    fetch: Fetch | None = None,
 ) -> Conversation:
     """Check a list of messages; problems name fields under `where` (e.g. "input.messages[2].role").
     `parallel`: an assistant message may call more than one tool (the row's parallel_tool_calls).
     `after`: the role before the first message ("user" for a reply), if any. `images`: image parts are
-    allowed (a chat row's, core.data.images), else refused."""
+    allowed (a chat row's, core.data.images; an http(s) one fetched with `fetch`, if given), else refused."""
     if type(messages) is not list:
         raise LineProblem("wrong_type", f"must be an array; got {json_type(messages)}", where)
     if not messages:
@@ -89,7 +91,12 @@ def check_messages(
         else:
             state = role
         content = content_text(
-            m.get("content"), f"{at}.content", strict, required=not calls and state != "tool", images=images
+            m.get("content"),
+            f"{at}.content",
+            strict,
+            required=not calls and state != "tool",
+            images=images,
+            fetch=fetch,
         )
         chars += len(content)
         canon.append((role, content, weight, calls, answered))

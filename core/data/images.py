@@ -3,8 +3,15 @@
 An upload is checked without knowing the base it will train: every image must decode and stay within the
 limits here, whatever the base; whether the base reads images is job admission's question
 (models.admission.check_image_base). An image travels in the row as a data: URL (base64 of a PNG, JPEG,
-GIF or WebP file). An http(s) URL is refused: ftune does not fetch images (a literal private address is
-named as such, the refusal webhooks give it: core.net.refusal).
+GIF or WebP file).
+
+An http(s) URL is refused (image_url_not_fetched; a literal private address is named as such, the refusal
+webhooks give it: core.net.refusal) unless the operator enables fetching (FTUNE_IMAGE_FETCH_ENABLED) and
+the caller passes a `fetch` (core.image_fetch: the webhooks' address guard, a deadline, the byte cap).
+A fetched image is checked exactly as a data: URL's and then inlined: the part's URL is replaced, in the
+caller's parsed row, by the data: URL of the bytes fetched. The stored dataset thus holds the image itself
+(training and serving never fetch; a later change at the URL changes nothing, and the file is the whole
+dataset), and a chat request reaches the engine with its images inlined.
 
 Images are decoded with Pillow, header first: its size is checked before its pixels are read, so a small
 file that claims 50,000 x 50,000 pixels costs nothing. Nothing here unpickles or runs anything of the
@@ -17,6 +24,7 @@ import base64
 import binascii
 import io
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,6 +37,8 @@ MAX_IMAGES_PER_EXAMPLE = 8
 MAX_IMAGE_PIXELS = 4096 * 4096  # width x height, before the processor's own resizing
 MAX_IMAGE_BYTES = 10 * 2**20  # a decoded image file
 FORMATS = ("PNG", "JPEG", "GIF", "WEBP")
+# An http(s) URL and its field path -> the bytes of the file there; a LineProblem when they cannot be had.
+Fetch = Callable[[str, str], bytes]
 
 
 @dataclass(frozen=True)
@@ -53,14 +63,24 @@ def image_url(part: dict[str, Any], at: str) -> tuple[str, str]:
     return value, at
 
 
-def check_image_part(part: dict[str, Any], at: str) -> ImageSize:
-    """The size of a part's image; a LineProblem for one ftune cannot train on (see the module doc)."""
+def check_image_part(part: dict[str, Any], at: str, fetch: Fetch | None = None) -> ImageSize:
+    """The size of a part's image; a LineProblem for one ftune cannot train on (see the module doc).
+    `fetch`: an http(s) URL is fetched with it, checked, and replaced in `part` by its data: URL."""
     url, at = image_url(part, at)
     if url.startswith("data:"):
         return decode(data_url_bytes(url, at), at)
     scheme = urlsplit(url).scheme.lower()
     if scheme in ("http", "https"):
-        raise _remote(url, at)
+        if fetch is None:
+            raise _remote(url, at)
+        data = fetch(url, at)
+        size, fmt = _open(data, at)
+        inlined = f"data:image/{fmt.lower()};base64,{base64.b64encode(data).decode()}"
+        if type(part["image_url"]) is dict:  # where image_url() read the URL
+            part["image_url"]["url"] = inlined
+        else:
+            part["image_url"] = inlined
+        return size
     raise LineProblem(
         "image_url_invalid", f"must be a data: URL (data:image/png;base64,...); got {show(url)}", at
     )
@@ -82,7 +102,7 @@ def _remote(url: str, at: str) -> LineProblem:
     return LineProblem(
         "image_url_not_fetched",
         "is an http(s) URL; ftune does not fetch images from URLs: send the image inline as a data: URL "
-        "(data:image/png;base64,...)",
+        "(data:image/png;base64,...); fetching them is off on this server",
         at,
     )
 
@@ -107,11 +127,16 @@ def data_url_bytes(url: str, at: str) -> bytes:
 
 def decode(data: bytes, at: str) -> ImageSize:
     """Open and fully decode an image file, its size checked before its pixels are read."""
+    return _open(data, at)[0]
+
+
+def _open(data: bytes, at: str) -> tuple[ImageSize, str]:
+    """decode()'s size, and the file's format (one of FORMATS)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(io.BytesIO(data), formats=FORMATS) as img:
-            width, height = img.size
+            width, height, fmt = *img.size, str(img.format)
             if width * height > MAX_IMAGE_PIXELS:
                 raise LineProblem(
                     "image_too_large",
@@ -130,7 +155,7 @@ def decode(data: bytes, at: str) -> ImageSize:
         raise LineProblem("image_undecodable", kind, at) from None
     if not width or not height:
         raise LineProblem("image_undecodable", "has no pixels", at)
-    return ImageSize(width, height)
+    return ImageSize(width, height), fmt
 
 
 def count_images(messages: list[dict[str, Any]], where: str = "messages") -> int:

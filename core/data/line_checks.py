@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from core.data.conversation import Conversation, check_messages
 from core.data.examples import Format
-from core.data.images import count_images
+from core.data.images import Fetch, count_images
 from core.data.problems import LineProblem, checked_string, json_type, show
 from core.data.tools import ToolSet, check_tools
 
@@ -87,16 +87,19 @@ def check_flat(obj: dict[str, Any], fmt: Format, strict: bool) -> Checked:
     return Checked(sum(map(len, values)), 1 if fmt == "text" else 2, (fmt, *values), has_input)
 
 
-def check_chat(obj: dict[str, Any], strict: bool, prompt: bool = False) -> Checked:
+def check_chat(
+    obj: dict[str, Any], strict: bool, prompt: bool = False, fetch: Fetch | None = None
+) -> Checked:
     """Check a chat line; flag: it starts with a system message. `prompt`: a reinforcement line, whose
     messages end in a user turn and need no assistant turn (its other keys are the graders' `item`).
-    Either may define tools (`tools`, or the legacy `functions`) that its assistant messages call."""
+    Either may define tools (`tools`, or the legacy `functions`) that its assistant messages call.
+    `fetch`: its http(s) image URLs are fetched with it and inlined into `obj` (core.data.images)."""
     tools = check_tools(obj, strict)
     parallel = obj.get("parallel_tool_calls", True)
     if type(parallel) is not bool:
         raise LineProblem("wrong_type", f"must be true or false; got {show(parallel)}", "parallel_tool_calls")
     images = count_images(obj["messages"])  # before the images are decoded
-    talk = check_messages(obj["messages"], strict, tools, parallel=parallel, images=True)
+    talk = check_messages(obj["messages"], strict, tools, parallel=parallel, images=True, fetch=fetch)
     if not prompt and not talk.assistant:
         raise LineProblem(
             "no_assistant_turn", "has no assistant message; at least one is required", "messages"

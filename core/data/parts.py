@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.data.images import IMAGE_KINDS, check_image_part
+from core.data.images import IMAGE_KINDS, Fetch, check_image_part
 from core.data.problems import LineProblem, checked_string, json_type, show
 
 # The non-text parts OpenAI accepts, and what each one holds.
@@ -25,13 +25,22 @@ NEEDS = {
 }
 
 
-def content_text(value: Any, field: str, strict: bool, *, required: bool = True, images: bool = False) -> str:
+def content_text(
+    value: Any,
+    field: str,
+    strict: bool,
+    *,
+    required: bool = True,
+    images: bool = False,
+    fetch: Fetch | None = None,
+) -> str:
     """The text of a checked content (a string or an array of parts); raise a LineProblem for a missing,
     blank (when required), non-text or malformed one. An absent content is "" when not required.
-    `images`: image parts are checked (core.data.images) and allowed, else refused."""
+    `images`: image parts are checked (core.data.images; an http(s) one fetched with `fetch` and inlined,
+    if given) and allowed, else refused."""
     if type(value) is not list:
         return checked_string(value, field, strict, required=required)
-    texts = [_part_text(part, f"{field}[{j}]", strict, images) for j, part in enumerate(value)]
+    texts = [_part_text(part, f"{field}[{j}]", strict, images, fetch) for j, part in enumerate(value)]
     text = "".join(texts)
     pictured = images and any(part.get("type") in IMAGE_KINDS for part in value)  # an image is a content
     if required and (not text or text.isspace()) and not pictured:
@@ -39,7 +48,7 @@ def content_text(value: Any, field: str, strict: bool, *, required: bool = True,
     return text
 
 
-def _part_text(part: Any, at: str, strict: bool, images: bool) -> str:
+def _part_text(part: Any, at: str, strict: bool, images: bool, fetch: Fetch | None) -> str:
     if type(part) is not dict:
         raise LineProblem("wrong_type", f"must be a content part (an object); got {json_type(part)}", at)
     kind = part.get("type")
@@ -48,7 +57,7 @@ def _part_text(part: Any, at: str, strict: bool, images: bool) -> str:
             raise LineProblem("missing_field", "is required", f"{at}.text")
         return checked_string(part["text"], f"{at}.text", strict, required=False)
     if images and kind in IMAGE_KINDS:
-        check_image_part(part, at)
+        check_image_part(part, at, fetch)
         return ""
     what = UNSUPPORTED.get(kind) if type(kind) is str else None
     if what is not None:

@@ -17,7 +17,8 @@ invalid_utf8, invalid_json, not_an_object, unknown_format, mixed_formats, missin
 empty_content, unknown_role, no_assistant_turn, roles_not_alternating, line_too_long; for content parts
 unsupported_content (an audio or file part: no base model here reads them); for image parts
 (core.data.images) image_undecodable, image_too_large, too_many_images, image_url_invalid,
-image_url_private, image_url_not_fetched and image_not_in_user_message; for function calling
+image_url_private, image_url_not_fetched and image_not_in_user_message, and where the API fetches image
+URLs (`fetch_image`, core.image_fetch) image_fetch_failed; for function calling
 (core.data.tools, core.data.conversation) invalid_tool_schema (a tool's parameters are not valid JSON
 Schema), unknown_tool (a call to a tool the row does not define), invalid_tool_arguments (arguments that
 are not a string of a JSON object), unknown_tool_call_id (a tool message that answers no call) and
@@ -26,6 +27,11 @@ for preference pairs also wrong_role (a reply that is not an assistant message),
 (chosen equals rejected: nothing to prefer) and no_common_prompt (an implicit prompt: chosen and
 rejected must be one conversation up to their differing last reply); and
 too_few_examples, which is about the whole file and has line 0.
+
+Given `fetch_image`, a chat row's http(s) image URLs are fetched and the row is stored with each image
+inlined as a data: URL (core.data.images): `stored(path)` rewrites the received file so once it is valid
+(core.data.rewrites), and its report gives the stored file's size and sha256. A row with its images inlined
+is held to the same line limit as a row sent so (line_too_long past it).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from core.data.examples import (
     detect_format,
     kind_of,
 )
+from core.data.images import Fetch
 from core.data.line_checks import (
     check_chat,
     check_flat,
@@ -53,6 +60,7 @@ from core.data.line_checks import (
     unknown_format_message,
 )
 from core.data.problems import LineProblem, json_type
+from core.data.rewrites import LineRewrites
 from core.data.stats import DuplicateCounter, ExampleStats, StreamSha256
 from core.settings import Settings
 
@@ -104,8 +112,11 @@ class DatasetValidator:
         max_problems: int,
         column_mapping: dict[str, str] | None = None,
         spill_dir: Path | None = None,
+        fetch_image: Fetch | None = None,
     ) -> None:
-        """spill_dir: where the duplicate count may spill its hashes past a bound (DuplicateCounter)."""
+        """spill_dir: where the duplicate count may spill its hashes past a bound (DuplicateCounter), and
+        rows with fetched images their inlined lines. fetch_image: how http(s) image URLs are fetched (none:
+        they are refused)."""
         self.max_line_bytes = max_line_bytes
         self.min_examples = min_examples
         self.max_problems = max_problems
@@ -127,10 +138,18 @@ class DatasetValidator:
         self._counts: dict[str, int] = {}
         self._stats = ExampleStats()
         self._report: DatasetReport | None = None
+        self._fetch_image = fetch_image
+        self._fetched_in_line = 0
+        self._fetched = 0
+        self._rewrites = LineRewrites(spill_dir)
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, column_mapping: dict[str, str] | None = None, spill_dir: Path | None = None
+        cls,
+        settings: Settings,
+        column_mapping: dict[str, str] | None = None,
+        spill_dir: Path | None = None,
+        fetch_image: Fetch | None = None,
     ) -> DatasetValidator:
         return cls(
             max_line_bytes=settings.max_line_bytes,
@@ -138,6 +157,7 @@ class DatasetValidator:
             max_problems=settings.max_reported_problems,
             column_mapping=column_mapping,
             spill_dir=spill_dir,
+            fetch_image=fetch_image,
         )
 
     # ---- byte stream -> lines
@@ -262,9 +282,9 @@ class DatasetValidator:
             self._add(self._line_no, p.code, f"{where} {p.message}", field)
 
     def _check_line(self, raw: bytes) -> None:
-        obj = self._parse(raw)
+        sent = obj = self._parse(raw)
         if self._mapping:
-            obj = apply_column_mapping(obj, self._mapping)
+            obj = apply_column_mapping(obj, self._mapping)  # shares its values with `sent`
         fmt = detect_format(obj)
         if fmt == "reinforcement" and self._format == "chat":
             fmt = "chat"  # in a chat file a line ending in a user turn lacks its reply: no_assistant_turn
@@ -273,7 +293,11 @@ class DatasetValidator:
         # Lone surrogate escapes (\ud800) decode to str that cannot be encoded; look only if one may be there.
         strict = b"\\ud" in raw or b"\\uD" in raw
         if fmt in ("chat", "reinforcement"):
-            checked = check_chat(obj, strict, prompt=fmt == "reinforcement")
+            self._fetched_in_line = 0
+            fetch = self._fetch if self._fetch_image is not None else None
+            checked = check_chat(obj, strict, prompt=fmt == "reinforcement", fetch=fetch)
+            if self._fetched_in_line:
+                self._inline(sent)
         elif fmt in PREFERENCE_FORMATS:
             checked = check_preference(obj, fmt, strict)
         else:
@@ -283,6 +307,38 @@ class DatasetValidator:
         # A 64-bit hash (SipHash of each string, in C) is ~4x cheaper than a digest of a canonical dump;
         # a false duplicate needs a collision (~n^2/2^65: 3e-6 at 10M examples) and only skews a count.
         self._duplicates.add(hash(checked.key))
+
+    def _fetch(self, url: str, at: str) -> bytes:
+        assert self._fetch_image is not None
+        data = self._fetch_image(url, at)
+        self._fetched_in_line += 1
+        return data
+
+    def _inline(self, sent: dict[str, Any]) -> None:
+        """Keep the line as it is stored: as sent, its fetched images inlined (check_chat wrote them in)."""
+        line = json.dumps(sent, ensure_ascii=False).encode()
+        if len(line) > self.max_line_bytes:
+            raise LineProblem(
+                "line_too_long",
+                f"is {len(line)} bytes with its fetched image(s) inlined as data: URLs, over the limit of "
+                f"{self.max_line_bytes}",
+            )
+        self._rewrites.add(self._line_no, line)
+        self._fetched += self._fetched_in_line
+
+    def stored(self, path: Path) -> DatasetReport:
+        """The report of the file as it is stored, after finish(): for a valid upload whose image URLs were
+        fetched, the received file at `path` is rewritten with them inlined (and the report gives its size,
+        sha256 and stats.images_fetched); else it stays as received."""
+        report = self.finish()
+        try:
+            if not report.valid or not self._rewrites:
+                return report
+            size, sha256 = self._rewrites.apply(path)
+            stats = {**report.stats, "images_fetched": self._fetched}
+            return report.model_copy(update={"size_bytes": size, "sha256": sha256, "stats": stats})
+        finally:
+            self._rewrites.close()
 
     def _parse(self, raw: bytes) -> dict[str, Any]:
         try:

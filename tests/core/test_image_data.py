@@ -4,6 +4,7 @@ the report counts the rows with images for admission; serving's reading of a con
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 from pathlib import Path
@@ -14,7 +15,9 @@ import pytest
 from core.data import images
 from core.data.parts import content_text
 from core.data.problems import LineProblem
-from core.data.validate import validate_file
+from core.data.validate import DatasetValidator, validate_file
+from core.image_fetch import ImageFetcher
+from tests.image_server import ImageServer
 
 PIL = pytest.importorskip("PIL")
 LIMITS = dict(max_line_bytes=10**7, min_examples=1, max_problems=50)
@@ -95,3 +98,30 @@ def test_serving_still_refuses_image_parts() -> None:
     with pytest.raises(LineProblem) as e:
         content_text([image(png()), {"type": "text", "text": "hi"}], "messages[0].content", False)
     assert e.value.code == "unsupported_content"
+
+
+def test_fetched_images_are_inlined_into_the_rows_as_sent(tmp_path: Path) -> None:
+    """A fetched image goes into the row under the user's own keys (a column_mapping renames only for the
+    checks), and the stored file differs from the received one only in the rows that held a URL."""
+    server = ImageServer()
+    try:
+        fetch = ImageFetcher(owner="t", allow_private=True, timeout=5)
+        validator = DatasetValidator(**LIMITS, column_mapping={"turns": "messages"}, fetch_image=fetch)
+        rows = [row(image(server.url("/cat.png"))), row(image(png()))]
+        received = b"".join(
+            json.dumps({"turns": r["messages"], "id": i}).encode() + b"\r\n" for i, r in enumerate(rows)
+        )
+        path = tmp_path / "d.jsonl"
+        path.write_bytes(received)
+        validator.feed_file(path)
+        assert validator.finish().sha256 == hashlib.sha256(received).hexdigest()
+        report = validator.stored(path)
+    finally:
+        server.close()
+    assert report.valid and report.stats["images_fetched"] == 1
+    stored = path.read_bytes()
+    assert (report.size_bytes, report.sha256) == (len(stored), hashlib.sha256(stored).hexdigest())
+    first, second = stored.split(b"\n", 1)
+    inline = "data:image/png;base64," + base64.b64encode(server.cat).decode()
+    assert json.loads(first) == {"turns": row(image(inline))["messages"], "id": 0}
+    assert second == received.split(b"\n", 1)[1]  # as received, its \r kept

@@ -24,6 +24,7 @@ from pydantic import SecretStr
 from sqlalchemy import text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.pinned_http import ResponseTooLarge
 from core.queues import QUEUE, class_queue
 from models import webhooks as webhooks_db
 from models.db import session_scope
@@ -35,7 +36,7 @@ from tests.worker.test_tasks import HERE, Compute, Wake
 from tests.worker.test_webhook_delivery import BOX, SECRET_KEY, Receiver, finished_job, make_due, settings_for
 from worker.runner import JobRunner
 from worker.tasks import Worker
-from worker.webhooks import Deliverer, ResponseTooLarge, deliver_due, http_post
+from worker.webhooks import Deliverer, deliver_due, http_post
 
 
 @pytest.fixture
