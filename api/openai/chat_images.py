@@ -15,7 +15,8 @@ lifts a limit.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from api.bodylimit import MAX_JSON_BODY_BYTES
@@ -25,11 +26,17 @@ from core.errors import InvalidInput
 from core.image_fetch import ImageFetcher
 from core.settings import Settings
 
-if TYPE_CHECKING:
-    from api.openai.chat import ChatCompletionRequest
+
+class ChatBody(Protocol):
+    """What this module reads of a chat request (api.openai.chat.ChatCompletionRequest)."""
+
+    @property
+    def messages(self) -> Sequence[Any]: ...
+
+    def forwarded(self) -> bytes: ...
 
 
-def remote_parts(body: ChatCompletionRequest) -> list[tuple[dict[str, Any], str]]:
+def remote_parts(body: ChatBody) -> list[tuple[dict[str, Any], str]]:
     """The request's image parts with an http(s) URL, as {"type", "image_url"} dicts (their image_url is the
     part's own, so inlining changes the request), each with its field path."""
     found = []
@@ -43,7 +50,7 @@ def remote_parts(body: ChatCompletionRequest) -> list[tuple[dict[str, Any], str]
     return found
 
 
-def inline_images(body: ChatCompletionRequest, settings: Settings, tenant_id: str) -> None:
+def inline_images(body: ChatBody, settings: Settings, tenant_id: str) -> None:
     """Fetch the request's http(s) image URLs and put their data: URLs in their place (blocking: run it in a
     thread); nothing where fetching is off. 400 with the image's code and field for one that fails."""
     remote = remote_parts(body)
