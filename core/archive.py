@@ -8,6 +8,8 @@ import tarfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from core.storage import CHECKPOINT_SHARDS_DIR
+
 Member = tuple[Path, str]  # a file or directory on disk (a directory with all below it), its name inside
 
 
@@ -16,6 +18,14 @@ def flat_files(directory: Path, prefix: str = "") -> Iterator[Member]:
     for path in sorted(directory.iterdir()):
         if path.is_file():
             yield path, prefix + path.name
+
+
+def checkpoint_members(directory: Path, prefix: str = "") -> Iterator[Member]:
+    """A training checkpoint's files, and its ranks' shards folder whole where it has one (FSDP)."""
+    yield from flat_files(directory, prefix)
+    shards = directory / CHECKPOINT_SHARDS_DIR
+    if shards.is_dir():
+        yield shards, prefix + CHECKPOINT_SHARDS_DIR
 
 
 def write_tar_gz(dst: Path, members: Iterable[Member]) -> Path:

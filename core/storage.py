@@ -23,6 +23,7 @@ SAMPLES_FILE = "samples.json"  # the before/after samples, written by the worker
 ERROR_FILE = "error.json"
 LOG_FILE = "train.log"
 CHECKPOINTS_DIR = "checkpoints"
+CHECKPOINT_SHARDS_DIR = "shards"  # in an FSDP checkpoint: each rank's file (training.checkpoint_shards)
 ADAPTER_DIR = "adapter"
 ADAPTER_ARCHIVE = "adapter.tar.gz"
 CHECKPOINT_ADAPTERS_DIR = "checkpoint-adapters"  # kept checkpoints' adapters in PEFT's layout, for serving

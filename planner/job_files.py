@@ -1,9 +1,10 @@
 """The bytes a job's files take on the shared volume, counted in its tenant's storage quota.
 
-A job's directory (core.storage) holds its checkpoints (the adapter's weights and the optimizer state:
-keep_checkpoints of them, the best by eval loss besides, and the next while it is written), the final
-adapter and its download archive, a merged model and its archive (export: merged), a kept checkpoint's
-adapter laid out for serving, and its metrics, samples and training log.
+A job's directory (core.storage) holds its checkpoints (the adapter's weights and the optimizer state, under
+FSDP the weights again in the ranks' shards: keep_checkpoints of them, the best by eval loss besides, and
+the next while it is written), the final adapter and its download archive, a merged model and its archive
+(export: merged), a kept checkpoint's adapter laid out for serving, and its metrics, samples and training
+log.
 
 - `project`: what those files may reach, from the spec, the base model's architecture and the data's
   size. Admission reserves it in the tenant's quota and refuses a job it does not fit (413
@@ -34,6 +35,10 @@ CODE = "storage_quota_exceeded"
 ADAPTER_B = 4  # peft keeps, and saves, adapters in fp32 (a checkpoint's weights too)
 CHECKPOINT_SLACK = 1 << 20  # a checkpoint's RNG states, state.json (spec, RNG), safetensors headers
 LOSS_B = 32  # state.json keeps every step's loss
+# A sharded (FSDP) checkpoint's header bytes per LoRA tensor in each rank's file: the keys of its weight,
+# moments and step, each twice (the safetensors header, DCP's sharding info) at names of ~100 characters,
+# and its name in state.json's param groups; about 1.2 KiB measured (tests/training/test_fsdp.py).
+SHARD_HEADER_B = 2048
 ADAPTER_SLACK = 64 << 10  # adapter_config.json and the model card
 MERGED_SLACK = 64 << 20  # config and tokenizer files beside the merged weights
 LOG_B_PER_STEP = 4096  # a step's metrics record and log lines
@@ -75,6 +80,10 @@ def project(spec: JobSpec, arch: Architecture, num_examples: int) -> Projection:
     trainable = arch.lora_params(spec.lora_target_modules, spec.lora_r)
     steps = max_steps(spec, num_examples)
     ckpt = trainable * ADAPTER_B + optimizer_bytes(spec, trainable) + checkpoint_slack(steps)
+    placement = spec.placement
+    if placement.sharded:  # the weights again, in the ranks' shards (training.checkpoint_shards)
+        tensors = 2 * sum(n for _, n in arch.lora_targets(spec.lora_target_modules))  # A and B
+        ckpt += trainable * ADAPTER_B + shard_headers_bytes(tensors, placement.world_size)
     every = spec.checkpoint_every_steps
     saves = (steps // every if every else 0) + spec.epochs + 2  # + each epoch's end, the end, an early stop
     best = 1 if spec.has_validation else 0
@@ -108,6 +117,12 @@ def optimizer_bytes(spec: JobSpec, trainable: int) -> int:
 def checkpoint_slack(step: int) -> int:
     """A checkpoint's bytes besides its tensors, after `step` steps."""
     return CHECKPOINT_SLACK + LOSS_B * step
+
+
+def shard_headers_bytes(tensors: int, ranks: int) -> int:
+    """The headers of a sharded checkpoint's files: each of the `ranks` files names every one of the
+    `tensors` trainable tensors' weight and optimizer state (its slice may be empty)."""
+    return SHARD_HEADER_B * tensors * ranks
 
 
 def merged_model_bytes(spec: JobSpec, arch: Architecture) -> int:

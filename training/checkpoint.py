@@ -1,17 +1,27 @@
 """Atomic checkpoints holding the whole training state, and resume from the newest complete one.
 
 checkpoints/step-00000040/
-  adapter.safetensors     trainable (LoRA) weights, by parameter name
-  optimizer.safetensors   every tensor of the optimizer state (torch AdamW or bitsandbytes 8-bit)
+  adapter.safetensors     the whole trainable (LoRA) weights, by parameter name: what serving a kept
+                          checkpoint (core.checkpoint_adapter), init_from and a download read
+  optimizer.safetensors   every tensor of the optimizer state (torch AdamW or bitsandbytes 8-bit);
+                          one process only: under FSDP, shards/ holds it instead
+  shards/                 FSDP only: each rank's slices of the weights and of AdamW's state, one
+                          safetensors file per rank (training.checkpoint_shards, torch.distributed.checkpoint)
   rng.safetensors         torch CPU (and CUDA) generator states (uint8 tensors)
   state.json              position (step, epoch, step in epoch), losses so far, optimizer scalars and
-                          param groups, LR schedule, grad scaler, python/numpy RNG, the spec
-Nothing is pickled. A checkpoint is written into a hidden temp dir next to its final place, fsynced
-and renamed in one `os.replace`, so a `step-*` directory is always complete.
+                          param groups, LR schedule, grad scaler, python/numpy RNG, the spec, and
+                          `shards`: how many ranks wrote shards/ (0: none, optimizer.safetensors instead)
+Nothing is pickled. A checkpoint is written into a hidden temp dir next to its final place (`.tmp-step-*`,
+one name every rank knows), fsynced and renamed in one `os.replace`, so a `step-*` directory is
+always complete. Under FSDP every rank, on every node, writes its own shard into that temp dir on the
+job's shared directory; after all have written (DCP's save ends in a collective), rank 0 writes the
+whole adapter (small: all-gathered), RNG and state.json and renames. So the optimizer state is never
+gathered, and a node killed at any moment leaves the previous checkpoint as it was.
 
-Under FSDP every rank takes part in gathering the whole adapter and optimizer state, and rank 0 alone
-writes it, in the same format: a checkpoint resumes on any number of processes. On loading, every rank
-reads the files and keeps its own slice.
+A checkpoint resumes on any number of processes: a sharded one through DCP, which reshards on loading
+(one process reads every rank's slices); a one-process one under FSDP by every rank reading the files
+and keeping its own slice. One process keeps the one-file layout because it also holds what FSDP refuses
+(bitsandbytes' 8-bit optimizer states, an fp16 grad scaler), and needs no coordination to write it.
 """
 
 from __future__ import annotations
@@ -21,23 +31,34 @@ import os
 import random
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from core.spec import JobSpec
 from core.storage import CHECKPOINT_ADAPTERS_DIR, fsync_path
-from training import distributed
+from training import checkpoint_shards, distributed
+from training.checkpoint_codec import (
+    flatten_optimizer_state,
+    jsonable,
+    numpy_state,
+    set_torch_rng_state,
+    torch_rng_state,
+    tuples,
+    unflatten_optimizer_state,
+)
+from training.checkpoint_shards import SHARDS_DIR
 from training.step import Parts, Position
 
 KEEP = 3
 FORMAT = 2  # 2: the position counts steps within an epoch (1 counted micro-batches)
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 FILES = ("adapter.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json")
+ADAPTER, OPTIMIZER, RNG, STATE = FILES
 
 
 def checkpoint_name(step: int) -> str:
@@ -48,61 +69,40 @@ def save_checkpoint(root: Path, parts: Parts, pos: Position, total_steps: int) -
     """Write the state after `pos.step` steps to root/step-<step>; keep the newest spec.keep_checkpoints
     and the best by eval loss.
 
-    Collective under FSDP: every rank calls it; rank 0 writes."""
+    Collective under FSDP: every rank calls it and writes its shard; rank 0 writes the rest."""
     target = root / checkpoint_name(pos.step)
-    weights, opt_state = gather_state(parts)
+    if distributed.any_rank(distributed.is_main() and _complete(target)):
+        return target  # already saved at this step: the state is a function of the step
+    tmp = root / f".tmp-{target.name}"
     if distributed.is_main():
-        _save(root, target, parts, pos, total_steps, weights, opt_state)
+        shutil.rmtree(target, ignore_errors=True)  # damaged (e.g. a file lost); latest_checkpoint skipped it
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a process killed mid-write
+        tmp.mkdir(parents=True)
+    distributed.barrier()  # the temp dir is there, empty, before any rank writes into it
+    weights = {n: distributed.full_tensor(p) for n, p in named_trainable(parts)}  # collective; small
+    try:
+        if distributed.active():
+            opt_tensors, opt_json = flatten_optimizer_state(checkpoint_shards.save(tmp / SHARDS_DIR, parts))
+        else:
+            opt_tensors, opt_json = flatten_optimizer_state(
+                distributed.full_tree(parts.optimizer.state_dict())
+            )
+        if distributed.is_main():
+            state = _state(parts, pos, total_steps, opt_json)
+            _write(tmp, target, weights, opt_tensors, state)
+            prune(root, parts.spec.keep_checkpoints)
+    except BaseException:
+        if distributed.is_main():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     distributed.barrier()  # no rank moves on (or exits) before the checkpoint is complete
     return target
 
 
-def gather_state(parts: Parts) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Collective: the whole trainable weights (by name) and optimizer state, on the CPU."""
-    weights = {n: distributed.full_tensor(p) for n, p in named_trainable(parts)}
-    return weights, distributed.full_tree(parts.optimizer.state_dict())
-
-
-def _save(
-    root: Path,
-    target: Path,
-    parts: Parts,
-    pos: Position,
-    total_steps: int,
-    weights: dict[str, torch.Tensor],
-    opt_state: Any,
-) -> None:
-    if _complete(target):  # already saved at this step: the state is a function of the step
-        return
-    shutil.rmtree(target, ignore_errors=True)  # damaged (e.g. a file lost); latest_checkpoint skipped it
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{target.name}-"))
-    try:
-        _write_state(tmp, parts, pos, total_steps, weights, opt_state)
-        for name in FILES:
-            fsync_path(tmp / name)
-        os.replace(tmp, target)
-        fsync_path(root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    prune(root, parts.spec.keep_checkpoints)
-
-
-def _write_state(
-    d: Path,
-    parts: Parts,
-    pos: Position,
-    total_steps: int,
-    weights: dict[str, torch.Tensor],
-    opt_state: dict[str, Any],
-) -> None:
-    save_file(weights, d / FILES[0])
-    opt_tensors, opt_json = flatten_optimizer_state(opt_state)
-    save_file(opt_tensors, d / FILES[1])
-    save_file(torch_rng_state(), d / FILES[2])
-    state = {
+def _state(parts: Parts, pos: Position, total_steps: int, opt_json: Any) -> dict[str, Any]:
+    return {
         "format": FORMAT,
+        "shards": distributed.world_size() if distributed.active() else 0,
         "position": vars(pos),
         "optimizer": opt_json,
         "scheduler": {
@@ -112,11 +112,34 @@ def _write_state(
             "step": pos.step,
         },
         "grad_scaler": parts.scaler.state_dict() if parts.scaler else None,
-        "python_rng": _jsonable(random.getstate()),
-        "numpy_rng": _jsonable(np.random.get_state(legacy=True)),
+        "python_rng": jsonable(random.getstate()),
+        "numpy_rng": jsonable(np.random.get_state(legacy=True)),
         "spec": parts.spec.model_dump(mode="json"),
     }
-    (d / FILES[3]).write_text(json.dumps(state))
+
+
+def _write(
+    tmp: Path,
+    target: Path,
+    weights: dict[str, torch.Tensor],
+    opt_tensors: dict[str, torch.Tensor],
+    state: dict,
+) -> None:
+    """Rank 0: the files besides the shards into `tmp`, all fsynced, then `tmp` renamed to `target`."""
+    save_file(weights, tmp / ADAPTER)
+    if not state["shards"]:
+        save_file(opt_tensors, tmp / OPTIMIZER)
+    save_file(torch_rng_state(), tmp / RNG)
+    (tmp / STATE).write_text(json.dumps(state))
+    missing = [str(f) for f in _files(tmp, state["shards"]) if not f.is_file()]
+    if missing:  # a shard's name not the one DCP's writer gave it, or a node's write lost
+        raise RuntimeError(f"checkpoint files missing after every rank wrote its own: {missing}")
+    # Each rank fsynced its own shard before DCP's save returned; rank 0 what it wrote, and the entries.
+    written = [ADAPTER, RNG, STATE, SHARDS_DIR] if state["shards"] else list(FILES)
+    for name in written:
+        fsync_path(tmp / name)
+    os.replace(tmp, target)
+    fsync_path(target.parent)
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -128,7 +151,20 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def _complete(path: Path) -> bool:
-    return all((path / f).is_file() for f in FILES)
+    try:
+        shards = json.loads((path / STATE).read_text()).get("shards", 0)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return all(f.is_file() for f in _files(path, shards))
+
+
+def _files(path: Path, shards: int) -> list[Path]:
+    """A checkpoint's files: with `shards` ranks' shards (0: the optimizer state in one file)."""
+    if not shards:
+        return [path / f for f in FILES]
+    return [path / f for f in (ADAPTER, RNG, STATE)] + [
+        path / SHARDS_DIR / f for f in checkpoint_shards.shard_files(shards)
+    ]
 
 
 def list_checkpoints(root: Path) -> list[Path]:
@@ -156,7 +192,7 @@ def best_checkpoint(paths: list[Path]) -> Path | None:
     best: tuple[float, Path] | None = None
     for path in paths:
         try:
-            loss = json.loads((path / FILES[3]).read_text())["position"].get("best_eval_loss")
+            loss = json.loads((path / STATE).read_text())["position"].get("best_eval_loss")
         except (OSError, ValueError, KeyError):
             continue  # incomplete: never the one to keep
         if loss is not None and (best is None or loss < best[0]):
@@ -174,28 +210,40 @@ def _as_today(spec: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def load_checkpoint(path: Path, parts: Parts) -> Position:
-    """Restore weights, optimizer, grad scaler and RNGs into `parts`; return the saved position."""
-    state = json.loads((path / FILES[3]).read_text())
+    """Restore weights, optimizer, grad scaler and RNGs into `parts`; return the saved position.
+
+    Collective under FSDP when the checkpoint is sharded (DCP's load)."""
+    state = json.loads((path / STATE).read_text())
     if state.get("format") != FORMAT:
         # e.g. format 1, whose data position meant another batch order: resuming it would not be exact
         raise ValueError(f"checkpoint {path} has format {state.get('format')}, this trainer reads {FORMAT}")
     if _as_today(state["spec"]) != parts.spec.model_dump(mode="json"):
         raise ValueError(f"checkpoint {path} was written for a different job spec")
-    weights = load_file(path / FILES[0])
+    with safe_open(path / ADAPTER, framework="pt") as f:
+        names = set(f.keys())
     params = dict(named_trainable(parts))
-    if weights.keys() != params.keys():
+    if names != params.keys():
         raise ValueError(f"checkpoint {path} does not match the model's trainable parameters")
+    if state.get("shards"):  # its optimizer state in state.json holds no tensor: they are in the shards
+        checkpoint_shards.load(path / SHARDS_DIR, parts, unflatten_optimizer_state({}, state["optimizer"]))
+    else:
+        _load_whole(path, parts, params, state["optimizer"])
+    if parts.scaler and state["grad_scaler"]:
+        parts.scaler.load_state_dict(state["grad_scaler"])
+    set_torch_rng_state(load_file(path / RNG))
+    random.setstate(tuples(state["python_rng"]))
+    np.random.set_state(numpy_state(state["numpy_rng"]))
+    return Position(**state["position"])
+
+
+def _load_whole(path: Path, parts: Parts, params: dict[str, torch.nn.Parameter], opt_tree: Any) -> None:
+    """A one-process checkpoint's weights and optimizer state; under FSDP every rank keeps its slices."""
+    weights = load_file(path / ADAPTER)
     with torch.no_grad():
         for name, p in params.items():
             p.copy_(distributed.shard_like(weights[name], p))
-    opt_state = unflatten_optimizer_state(load_file(path / FILES[1]), state["optimizer"])
+    opt_state = unflatten_optimizer_state(load_file(path / OPTIMIZER), opt_tree)
     parts.optimizer.load_state_dict(shard_optimizer_state(opt_state, parts.optimizer))
-    if parts.scaler and state["grad_scaler"]:
-        parts.scaler.load_state_dict(state["grad_scaler"])
-    set_torch_rng_state(load_file(path / FILES[2]))
-    random.setstate(_tuples(state["python_rng"]))
-    np.random.set_state(_numpy_state(state["numpy_rng"]))
-    return Position(**state["position"])
 
 
 def shard_optimizer_state(sd: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -215,72 +263,3 @@ def _like(v: Any, p: torch.Tensor) -> bool:
 
 def named_trainable(parts: Parts) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in parts.model.named_parameters() if p.requires_grad]
-
-
-# Optimizer state: nested dicts of tensors and scalars -> {path: tensor} + JSON, and back.
-def flatten_optimizer_state(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    tensors: dict[str, torch.Tensor] = {}
-
-    def walk(obj: Any, path: str) -> Any:
-        if isinstance(obj, torch.Tensor):
-            tensors[path] = obj.detach().cpu().contiguous()
-            return {"__tensor__": path}
-        if isinstance(obj, dict):
-            return {"__dict__": [[k, walk(v, f"{path}/{k}")] for k, v in obj.items()]}
-        if isinstance(obj, tuple):
-            return {"__tuple__": [walk(v, f"{path}/{i}") for i, v in enumerate(obj)]}
-        if isinstance(obj, list):
-            return [walk(v, f"{path}/{i}") for i, v in enumerate(obj)]
-        if obj is None or isinstance(obj, (bool, int, float, str)):
-            return obj
-        raise TypeError(f"cannot checkpoint optimizer state value of type {type(obj).__name__} at {path}")
-
-    return tensors, walk(sd, "")
-
-
-def unflatten_optimizer_state(tensors: dict[str, torch.Tensor], tree: Any) -> Any:
-    if isinstance(tree, list):
-        return [unflatten_optimizer_state(tensors, v) for v in tree]
-    if isinstance(tree, dict):
-        if "__tensor__" in tree:
-            return tensors[tree["__tensor__"]]
-        if "__tuple__" in tree:
-            return tuple(unflatten_optimizer_state(tensors, v) for v in tree["__tuple__"])
-        # keys keep their type (param ids are ints in torch's state_dict)
-        return {k: unflatten_optimizer_state(tensors, v) for k, v in tree["__dict__"]}
-    return tree
-
-
-def torch_rng_state() -> dict[str, torch.Tensor]:
-    states = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            states[f"cuda:{i}"] = s
-    return states
-
-
-def set_torch_rng_state(states: dict[str, torch.Tensor]) -> None:
-    torch.set_rng_state(states["cpu"])
-    if torch.cuda.is_available():
-        cuda = [states[f"cuda:{i}"] for i in range(torch.cuda.device_count()) if f"cuda:{i}" in states]
-        if len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, (tuple, list)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return obj
-
-
-def _tuples(obj: Any) -> Any:
-    return tuple(_tuples(v) for v in obj) if isinstance(obj, list) else obj
-
-
-def _numpy_state(obj: list[Any]) -> tuple[Any, ...]:
-    name, keys, pos, has_gauss, cached = obj
-    return (name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)

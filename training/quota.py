@@ -32,10 +32,14 @@ def discard_partial(out: Path) -> None:
 
 
 def check_checkpoint(config: RunConfig, parts: Parts, step: int) -> None:
-    """Room for the checkpoint after `step` steps: the trainable weights and the optimizer state."""
+    """Room for the checkpoint after `step` steps: the trainable weights and the optimizer state, and under
+    FSDP the weights again in the ranks' shards, with each shard's header (training.checkpoint_shards)."""
     if config.files_allowance_bytes is None:
         return
     needed = weights_bytes(parts) + optimizer_bytes(parts.optimizer) + job_files.checkpoint_slack(step)
+    if distributed.active():
+        ranks = distributed.world_size()
+        needed += weights_bytes(parts) + job_files.shard_headers_bytes(len(parts.params), ranks)
     _check(config, needed, f"the checkpoint at step {step}")
 
 

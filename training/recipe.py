@@ -9,9 +9,10 @@ The objective (spec.objective; training.objectives: sft, dpo, grpo) decides how 
 a step and an evaluation do, and which items give the sample prompts; the recipe calls it and is the
 same for all. A reference policy (dpo, grpo with beta > 0) is carried by setup's model (training.model).
 
-Under torchrun every rank runs all three; rank 0 alone writes files. The collectives (a step,
-evaluation, a checkpoint, the stop vote, the adapter's gather) come on every rank in the same order,
-because every decision below depends only on the position and the spec, the same on all ranks.
+Under torchrun every rank runs all three; rank 0 alone writes files, but for each rank's shard of a
+checkpoint (training.checkpoint_shards). The collectives (a step, evaluation, a checkpoint, the stop vote,
+the adapter's gather) come on every rank in the same order, because every decision below depends only
+on the position and the spec, the same on all ranks.
 """
 
 from __future__ import annotations

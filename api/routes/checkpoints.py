@@ -1,6 +1,7 @@
 """A kept checkpoint of a job, downloadable: GET /jobs/{id}/checkpoints/{step} (the /v1 checkpoints list
 names them). The whole state as training saved it: adapter.safetensors (the trainable weights by
-parameter name), optimizer.safetensors, rng.safetensors and state.json; nothing pickled."""
+parameter name), optimizer.safetensors (or, from an FSDP run, shards/: each rank's slices), rng.safetensors
+and state.json; nothing pickled."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from fastapi.responses import StreamingResponse
 from api.deps import ServicesDep, SessionDep
 from api.owned import OwnedJob
 from api.responses import AUTHED, errors
-from core.archive import flat_files, stream_tar_gz
+from core.archive import checkpoint_members, stream_tar_gz
 from core.errors import NotFound
 from models import openai_jobs
 
@@ -40,7 +41,7 @@ def download_checkpoint(
         )
     name = f"ftune-checkpoint-{job.id}-step-{step}"
     return StreamingResponse(
-        stream_tar_gz(flat_files(path, f"{name}/")),
+        stream_tar_gz(checkpoint_members(path, f"{name}/")),
         media_type="application/gzip",
         headers={"Content-Disposition": f'attachment; filename="{name}.tar.gz"'},
     )

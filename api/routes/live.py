@@ -12,7 +12,7 @@ from api.deps import ServicesDep, SessionDep
 from api.owned import NATIVE, OwnedJob
 from api.responses import AUTHED, errors
 from api.sse import open_stream
-from core.archive import flat_files, stream_tar_gz
+from core.archive import checkpoint_members, stream_tar_gz
 from core.errors import InvalidInput, NotFound
 from models.tables import Artifact
 from planner import Plan
@@ -106,5 +106,5 @@ def download_artifact(
             param="artifact_id",
         )
     headers["Content-Disposition"] = f'attachment; filename="{name}.tar.gz"'
-    members = flat_files(path, f"{path.name}/")  # a checkpoint's files (training.checkpoint: no subfolders)
+    members = checkpoint_members(path, f"{path.name}/")  # a checkpoint's files (training.checkpoint)
     return StreamingResponse(stream_tar_gz(members), media_type="application/gzip", headers=headers)

@@ -6,7 +6,7 @@ import io
 import tarfile
 from pathlib import Path
 
-from core.archive import flat_files, stream_tar_gz, write_tar_gz
+from core.archive import checkpoint_members, flat_files, stream_tar_gz, write_tar_gz
 
 
 def _tree(root: Path) -> Path:
@@ -45,3 +45,17 @@ def test_a_directory_member_brings_everything_below_it(tmp_path: Path) -> None:
     with tarfile.open(write_tar_gz(tmp_path / "dir.tar.gz", [(src, src.name)])) as tar:
         names = tar.getnames()
     assert names == ["ckpt", "ckpt/a.safetensors", "ckpt/b.json", "ckpt/sub", "ckpt/sub/c.txt"]
+
+
+def test_a_checkpoint_archive_holds_its_ranks_shards_and_no_other_subfolder(tmp_path: Path) -> None:
+    src = _tree(tmp_path)
+    (src / "shards").mkdir()
+    (src / "shards" / "shard-00001-model-00001-of-00001.safetensors").write_bytes(b"\1" * 10)
+    with tarfile.open(fileobj=io.BytesIO(b"".join(stream_tar_gz(checkpoint_members(src, "x/"))))) as tar:
+        names = [n for n, _ in _names_and_bytes(tar)]
+    assert names == [
+        "x/a.safetensors",
+        "x/b.json",
+        "x/shards",
+        "x/shards/shard-00001-model-00001-of-00001.safetensors",
+    ]

@@ -51,6 +51,18 @@ def test_a_checkpoint_is_the_adapter_and_its_adamw_state_and_each_kept_one_count
     assert eight_bit.checkpoint_bytes < three.checkpoint_bytes
 
 
+def test_a_sharded_checkpoint_counts_the_weights_in_the_shards_and_each_rank_s_header(
+    arch: Architecture,
+) -> None:
+    long = {"max_steps": 1000, "checkpoint_every_steps": 1}
+    one = job_files.project(spec(**long), arch, 100)
+    for gpus, nodes in ((2, 1), (4, 2)):
+        fsdp = job_files.project(spec(num_gpus=gpus, num_nodes=nodes, **long), arch, 100)
+        tensors = 2 * 7 * 2  # lora A and B of the 7 linears of 2 layers (all-linear)
+        headers = job_files.shard_headers_bytes(tensors, gpus * nodes)
+        assert fsdp.checkpoint_bytes == one.checkpoint_bytes + one.trainable * 4 + headers
+
+
 def test_a_short_run_counts_only_the_checkpoints_it_can_save(arch: Architecture) -> None:
     # 8 examples, 4 a step: 2 steps (3 at most), one checkpoint at the end: keep_checkpoints cannot fill
     files = job_files.project(spec(keep_checkpoints=100), arch, 8)

@@ -95,7 +95,8 @@ def test_fsdp_equals_one_process_with_the_same_global_batch(
     print(f"{method}: max |FSDP - single process| over the adapter = {diff:.2e}")
     assert diff < 1e-4
 
-    # FSDP checkpoints hold whole tensors: one process resumes them mid-epoch, to the same adapter.
+    # FSDP checkpoints are sharded, a file per rank: one process reads both (DCP reshards on loading) and
+    # resumes mid-epoch, to the same adapter.
     resumed = fsdp.model_copy(update={"output_dir": str(tmp_path / "resumed-n1")})
     ckpts = Path(resumed.output_dir) / CHECKPOINTS_DIR
     start = steps - 2

@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 from core.storage import ADAPTER_DIR, CHECKPOINTS_DIR, METRICS_FILE
 from tests.training.util import qa_rows, read_metrics
-from training.checkpoint import flatten_optimizer_state, list_checkpoints, unflatten_optimizer_state
+from training.checkpoint import list_checkpoints
+from training.checkpoint_codec import flatten_optimizer_state, unflatten_optimizer_state
 from training.run import EXIT_OK, EXIT_STOPPED, run
 
 
