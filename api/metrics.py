@@ -78,7 +78,7 @@ class ServiceCollector(Collector):
 
 def _queue_gauges(queue: dict[str, QueueEntry], now: datetime) -> Iterator[Metric]:
     """Per queued job (bounded by the per-tenant active-job limit): position and seconds to its start."""
-    waiting = [e for e in queue.values() if e.waiting_reason]
+    waiting = [e for e in queue.values() if e.position is None]  # not a multi-node job short of room
     yield GaugeMetricFamily(
         "ftune_queue_waiting_for_worker", "Queued jobs no live worker can run", value=len(waiting)
     )

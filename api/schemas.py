@@ -35,7 +35,10 @@ class QueueInfo(BaseModel):
     estimated_start: datetime | None = Field(
         description="From the ETAs of the jobs ahead on those workers; null when unknown."
     )
-    waiting_reason: str | None = Field(description="Why no live worker can run it, e.g. too little memory.")
+    waiting_reason: str | None = Field(
+        description="Why it cannot start now: no live worker can run it (e.g. too little memory), or a "
+        "multi-node job has too few workers with room at once (how many have room, what is missing)."
+    )
 
 
 class JobOut(BaseModel):

@@ -32,6 +32,10 @@ QUEUE_OF = {RUN_JOB: QUEUE, REAP: QUEUE, TOKEN_STATS: CPU_QUEUE}
 # queues of the live workers that do fit it (worker.dispatch). So a message never decides which job runs,
 # and a job is only ever claimed by a worker whose devices its plan fits (checked at claim time).
 CLASS_QUEUE_PREFIX = QUEUE + "."
+# A trainer also consumes a queue of its own, for the wake-ups addressed to it alone: the worker that
+# places a multi-node job wakes each worker it leased as a node there (worker.nodes.wake_peers). Like any
+# wake-up, it carries a job id and decides nothing: the woken worker reads its lease from the database.
+WORKER_QUEUE_PREFIX = QUEUE + ".worker."
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,11 @@ def device_class(devices: list[dict[str, Any]]) -> str:
 
 def class_queue(devices: list[dict[str, Any]]) -> str:
     return CLASS_QUEUE_PREFIX + device_class(devices)
+
+
+def worker_queue(worker_id: str) -> str:
+    """The queue of one worker (its id: FTUNE_WORKER_NAME, or the name it made itself)."""
+    return WORKER_QUEUE_PREFIX + worker_id
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

@@ -6,6 +6,13 @@ workers as the other nodes (a NodeLease row each, keyed by worker). Nothing is h
 job whose peers are not all free now is not claimed at all (it stays queued, its claimant claims
 another), so two half-placed jobs can never wait on each other. A worker reserved by two jobs at once
 is impossible (the primary key), and the loser's whole claim is rolled back.
+
+Claims race: on PostgreSQL a transaction does not see another's uncommitted claim, so a worker could be
+leased as a node while it claims a job of its own, or leased by two claims that each saw it free. So a
+claim, once it holds its job, locks the rows of its workers (`lock`, in id order: two claims never wait
+on each other in a cycle) and reads again (`taken`) whether they are still free; the second of two
+claims on one worker waits for the first to commit and then sees it. SQLite has one writer at a time:
+everything a claim reads after its first write is already current.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, exists, select, update
+from sqlalchemy import ColumnElement, delete, exists, select, union, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -24,16 +31,52 @@ from models.tables import Job, NodeLease, Worker, utcnow
 
 
 class GangUnavailable(Exception):
-    """Not every node could be leased: the claim that needed them must be rolled back."""
+    """Not every node could be leased: the claim that needed them must be rolled back. `taken`: the
+    workers found taken, where known."""
+
+    def __init__(self, message: str, taken: set[str] | None = None) -> None:
+        super().__init__(message)
+        self.taken = taken or set()
+
+
+def num_nodes(job: Job) -> int:
+    """The job's spec num_nodes, read raw: this runs per queued job per claim."""
+    return int((job.spec or {}).get("num_nodes") or 1)
+
+
+def _has_room() -> ColumnElement[bool]:
+    """A worker with room for a node: it owns no job and holds no node."""
+    owns_job = exists().where(Job.worker_id == Worker.id, Job.status.in_(OWNED))
+    holds_node = exists().where(NodeLease.worker_id == Worker.id)
+    return ~owns_job & ~holds_node
 
 
 def idle_peers(session: Session, *, fits: Callable[[Worker], bool], claimant: str) -> list[Worker]:
     """Live workers other than `claimant` that own no job, hold no node and can run a node (`fits`),
     in a stable order (their ids)."""
-    owns_job = exists().where(Job.worker_id == Worker.id, Job.status.in_(OWNED))
-    holds_node = exists().where(NodeLease.worker_id == Worker.id)
-    free = select(Worker).where(Worker.id != claimant, ~owns_job, ~holds_node).order_by(Worker.id)
+    free = select(Worker).where(Worker.id != claimant, _has_room()).order_by(Worker.id)
     return [w for w in session.scalars(free).all() if workers_db.is_alive(w) and fits(w)]
+
+
+def with_room(session: Session) -> set[str]:
+    """The workers (alive or not) that own no job and hold no node: where a node could go now."""
+    return set(session.scalars(select(Worker.id).where(_has_room())))
+
+
+def lock(session: Session, workers: list[str]) -> None:
+    """Hold the rows of `workers` until the transaction ends (SELECT ... FOR UPDATE, in id order; SQLite
+    leaves it out and needs none)."""
+    session.execute(select(Worker.id).where(Worker.id.in_(workers)).order_by(Worker.id).with_for_update())
+
+
+def taken(session: Session, *, claimant: str, peers: list[str]) -> set[str]:
+    """Read after `lock`: of a claim's workers, those no longer free for it: the claimant or a peer leased
+    as a node, or a peer that owns a job."""
+    holding = select(NodeLease.worker_id).where(NodeLease.worker_id.in_([claimant, *peers]))
+    if not peers:
+        return set(session.scalars(holding))
+    owning = select(Job.worker_id).where(Job.worker_id.in_(peers), Job.status.in_(OWNED))
+    return {w for w in session.scalars(union(holding, owning)) if w is not None}
 
 
 def reserve(

@@ -1,5 +1,5 @@
 """Placement: which workers a job can run on (its plan re-made on each worker's devices), and why a job
-that no live worker can run is waiting.
+that no live worker can run is waiting, or a multi-node job that too few of them have room for now.
 
 A job fits a worker when the worker has enough devices for num_gpus, bf16 if the job asks for it on a
 GPU, and the plan on the worker's smallest device (its RAM on a CPU worker) fits. A job whose model or
@@ -8,6 +8,7 @@ architecture cannot be read is not held back here: the worker claims it and fail
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from core.errors import FtuneError
 from core.queues import class_queue
 from core.spec import JobSpec
 from core.states import JobStatus
+from models import nodes as nodes_db
 from models import workers as workers_db
 from models.tables import Job, JobEvent, Worker
 from models.transitions import add_event
@@ -102,11 +104,14 @@ def fitting_workers(placer: Placer, job: Job, workers: list[Worker]) -> list[Wor
     return [w for w in workers if placer.fits(job, w.devices)]
 
 
-def waiting_reason(placer: Placer, job: Job, fleet: list[Worker]) -> str | None:
-    """Why a queued job cannot start on any live worker, or None when one can run it."""
+def waiting_reason(placer: Placer, job: Job, fleet: list[Worker], *, free: Collection[str]) -> str | None:
+    """Why a queued job cannot start now, or None when it can: no live worker can run it, or (a job of
+    num_nodes nodes, placed on that many workers at once) fewer than num_nodes of those that can have
+    room now. `free`: the workers with room (models.nodes.with_room)."""
     alive = [w for w in fleet if workers_db.is_alive(w)]
-    if fitting_workers(placer, job, alive):
-        return None
+    fit = fitting_workers(placer, job, alive)
+    if fit:
+        return _gang_reason(placer, job, fit, free)
     spec = JobSpec.model_validate(job.spec)
     needs = [v.need_bytes for w in fleet if (v := placer.verdict(job, w.devices)).need_bytes]
     per_device = f">= {min(needs) / GiB:.1f} GiB per device" if needs else ""
@@ -115,6 +120,29 @@ def waiting_reason(placer: Placer, job: Job, fleet: list[Worker]) -> str | None:
     down = len(fitting_workers(placer, job, fleet))
     note = f"; {down} that fit not alive" if down else ""
     return f"waiting for a worker with {want}, 0 alive of {len(alive)}{note}"
+
+
+def _gang_reason(placer: Placer, job: Job, fit: list[Worker], free: Collection[str]) -> str | None:
+    """A multi-node job's reason, given the live workers it fits: how many of them have room now and
+    what is missing. None for a one-node job, or when enough have room."""
+    want = nodes_db.num_nodes(job)
+    room = sum(1 for w in fit if w.id in free)
+    if want == 1 or room >= want:
+        return None
+    gpus = JobSpec.model_validate(job.spec).num_gpus
+    needs = [v.need_bytes for w in fit if (v := placer.verdict(job, w.devices)).need_bytes]
+    size = f" of >= {min(needs) / GiB:.1f} GiB" if needs else ""
+    each = f"{gpus} device{'s' if gpus > 1 else ''}{size}"
+    busy = len(fit) - room
+    reason = f"needs {want} workers with {each} each, at once; {room} {_has(room)} room now"
+    reason += f", {busy} {'is' if busy == 1 else 'are'} busy" if busy else ""
+    if len(fit) < want:
+        reason += f"; {want - len(fit)} more must join the fleet ({len(fit)} alive fit)"
+    return reason
+
+
+def _has(n: int) -> str:
+    return "has" if n == 1 else "have"
 
 
 def note_waiting(session: Session, job: Job, reason: str | None) -> bool:

@@ -1,10 +1,12 @@
 """Where each queued job stands: its position among the jobs ahead of it on the workers that can run it,
-an estimated start, and why it waits when no live worker can run it.
+an estimated start, and why it waits when no live worker can run it (or, for a multi-node job, when too
+few of those that can have room now).
 
 The order is the fair policy's (models.fairshare.rank over all queued jobs). The estimate plays that
 order out on the live workers that fit each job: a worker is free when its running job's ETA is up (now
 when idle), and each job ahead holds the worker it lands on for a typical duration (the median of
-recent successful runs). Without such a history only a job that starts on an idle worker gets one.
+recent successful runs). Without such a history only a job that starts on an idle worker gets one. A
+job of N nodes starts when the N-th of its workers is free, and holds all N.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from core.states import JobStatus
 from models import fairshare
+from models import nodes as nodes_db
 from models import workers as workers_db
 from models.placement import Placer, fitting_workers, waiting_reason
 from models.tables import Job, utcnow
@@ -57,6 +60,7 @@ def queue_view(session: Session, placer: Placer, now: datetime | None = None) ->
         )
     ]
     typical = typical_run_seconds(session)
+    free = nodes_db.with_room(session)
     free_at: dict[str, datetime | None] = {}  # None: unknown
     for w in alive:
         running = session.get(Job, w.current_job_id) if w.current_job_id else None
@@ -67,15 +71,17 @@ def queue_view(session: Session, placer: Placer, now: datetime | None = None) ->
     out: dict[str, QueueEntry] = {}
     for job in ranked:
         mine = {w.id for w in fitting_workers(placer, job, alive)}
+        reason = waiting_reason(placer, job, fleet, free=free)
         if not mine:
-            out[job.id] = QueueEntry(None, None, waiting_reason(placer, job, fleet))
+            out[job.id] = QueueEntry(None, None, reason)
             continue
         position = 1 + sum(1 for ahead in seen if ahead & mine)
         seen.append(mine)
-        known = [(at, w) for w in mine if (at := free_at[w]) is not None]
-        start = min(known)[0] if known else None
-        if known:
-            soonest = min(known)[1]
-            free_at[soonest] = start + timedelta(seconds=typical) if typical is not None and start else None
-        out[job.id] = QueueEntry(position, start, None)
+        nodes = nodes_db.num_nodes(job)
+        known = sorted((at, wid) for wid in mine if (at := free_at[wid]) is not None)[:nodes]
+        start = known[-1][0] if len(known) == nodes else None
+        if start is not None:  # the job holds its workers (one, or all its nodes) for a typical run
+            for _, wid in known:
+                free_at[wid] = start + timedelta(seconds=typical) if typical is not None else None
+        out[job.id] = QueueEntry(position, start, reason)
     return out

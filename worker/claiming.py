@@ -7,6 +7,7 @@ decided here, never by the message that woke the worker. The plan re-made on thi
 
 from __future__ import annotations
 
+import logging
 import socket
 from typing import Any
 
@@ -23,6 +24,11 @@ from models.placement import Placer
 from models.tables import Job
 from models.tables import Worker as WorkerRow
 
+log = logging.getLogger(__name__)
+
+
+CLAIM_TRIES = 3  # a claim rolled back because another took one of its workers meanwhile is tried again
+
 
 def claim_next(
     sessions: sessionmaker[Session],
@@ -35,42 +41,68 @@ def claim_next(
 ) -> tuple[str, int] | None:
     """(job id, attempt) of the job claimed and placed on this worker, or None when none can run here. A
     multi-node job is claimed only with all its other nodes leased in the same transaction (models.nodes):
-    if one was taken meanwhile, the whole claim rolls back and the job stays queued."""
-    try:
-        with session_scope(sessions) as s:
-            claimed = fairshare.claim_next(
-                s,
-                can_run=lambda job: placer.fits(job, devices) and _peers(s, placer, job, worker) is not None,
-                worker_id=worker,
-                lease_seconds=settings.lease_seconds,
-                running_limit=settings.max_running_jobs_per_tenant,
-            )
-            if claimed is None:
-                return None
-            job, attempt = claimed
-            peers = _peers(s, placer, job, worker)
-            if peers:
-                endpoint = f"{_hostname(s, worker)}:{free_port()}"
-                nodes_db.reserve(
-                    s,
-                    job_id=job.id,
-                    attempt=attempt,
-                    workers=[worker, *peers],
-                    endpoint=endpoint,
-                    lease_seconds=settings.lease_seconds,
+    if one was taken meanwhile, the whole claim rolls back and the job stays queued; the claim is then
+    tried again (the fair pick may now be another job), unless this worker itself was leased as a node."""
+    for _ in range(CLAIM_TRIES):
+        try:
+            with session_scope(sessions) as s:
+                return _claim(
+                    s, settings=settings, storage=storage, placer=placer, devices=devices, worker=worker
                 )
-            _record_placement(
-                s, storage=storage, placer=placer, devices=devices, worker=worker, job=job, attempt=attempt
-            )
-            return job.id, attempt
-    except nodes_db.GangUnavailable:
+        except nodes_db.GangUnavailable as e:
+            log.info("claim by %s rolled back: %s", worker, e)
+            if worker in e.taken:
+                return None  # leased as a node of another worker's job meanwhile: that node runs instead
+    return None
+
+
+def _claim(
+    s: Session,
+    *,
+    settings: Settings,
+    storage: Storage,
+    placer: Placer,
+    devices: list[dict[str, Any]],
+    worker: str,
+) -> tuple[str, int] | None:
+    """One try in one transaction: the fair pick (a compare-and-set), then its workers locked and read
+    again (models.nodes.lock, taken), then the other nodes leased. GangUnavailable rolls it all back."""
+    claimed = fairshare.claim_next(
+        s,
+        can_run=lambda job: placer.fits(job, devices) and _peers(s, placer, job, worker) is not None,
+        worker_id=worker,
+        lease_seconds=settings.lease_seconds,
+        running_limit=settings.max_running_jobs_per_tenant,
+    )
+    if claimed is None:
         return None
+    job, attempt = claimed
+    peers = _peers(s, placer, job, worker)
+    if peers is None:
+        raise nodes_db.GangUnavailable(f"job {job.id}: its other nodes were taken meanwhile")
+    nodes_db.lock(s, [worker, *peers])
+    if taken := nodes_db.taken(s, claimant=worker, peers=peers):
+        raise nodes_db.GangUnavailable(f"job {job.id}: {', '.join(sorted(taken))} taken meanwhile", taken)
+    if peers:
+        endpoint = f"{_hostname(s, worker)}:{free_port()}"
+        nodes_db.reserve(
+            s,
+            job_id=job.id,
+            attempt=attempt,
+            workers=[worker, *peers],
+            endpoint=endpoint,
+            lease_seconds=settings.lease_seconds,
+        )
+    _record_placement(
+        s, storage=storage, placer=placer, devices=devices, worker=worker, job=job, attempt=attempt
+    )
+    return job.id, attempt
 
 
 def _peers(s: Session, placer: Placer, job: Job, worker: str) -> list[str] | None:
     """The other nodes' workers for a multi-node job ([] for one node), or None when not enough are
     free now (the job is not claimed: nothing is held while waiting)."""
-    want = int((job.spec or {}).get("num_nodes") or 1) - 1  # read raw: this runs per candidate per claim
+    want = nodes_db.num_nodes(job) - 1
     if want == 0:
         return []
     free = nodes_db.idle_peers(s, fits=lambda w: placer.fits(job, w.devices), claimant=worker)

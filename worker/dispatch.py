@@ -1,8 +1,9 @@
 """Passing a wake-up on: the worker that takes a job's message from the shared queue and cannot run that
 job wakes the class queues of the live workers that can (core.queues), or records why the job waits.
 
-Refreshing waiting reasons: a job no live worker fits gets a `waiting` event whenever its reason
-changes (a worker stops, another registers), run on every reaper pass.
+Refreshing waiting reasons: a job no live worker fits, or a multi-node job too few of them have room for,
+gets a `waiting` event whenever its reason changes (a worker stops, another registers, one frees up), run
+on every reaper pass.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from core.queues import class_queue
 from core.states import JobStatus
 from models import fairshare
 from models import jobs as jobs_db
+from models import nodes as nodes_db
 from models import workers as workers_db
 from models.db import session_scope
 from models.placement import Placer, fitting_workers, note_waiting, waiting_reason
@@ -41,7 +43,7 @@ def pass_on(
         alive = [w for w in fleet if workers_db.is_alive(w)]
         queues = sorted({class_queue(w.devices) for w in fitting_workers(placer, job, alive)})
         if not queues:
-            note_waiting(s, job, waiting_reason(placer, job, fleet))
+            note_waiting(s, job, waiting_reason(placer, job, fleet, free=nodes_db.with_room(s)))
     for queue in queues:
         send(queue, job_id)
     if queues:
@@ -50,11 +52,12 @@ def pass_on(
 
 
 def refresh_waiting(sessions: sessionmaker[Session], placer: Placer) -> int:
-    """Record the reason of every queued job no live worker can run, when it changed. Returns how many
-    events were added."""
+    """Record the reason of every queued job that cannot start now (models.placement.waiting_reason), when
+    it changed. Returns how many events were added."""
     added = 0
     with session_scope(sessions) as s:
         fleet = workers_db.fleet(s)
+        free = nodes_db.with_room(s)
         for job in fairshare.queued_jobs(s):
-            added += note_waiting(s, job, waiting_reason(placer, job, fleet))
+            added += note_waiting(s, job, waiting_reason(placer, job, fleet, free=free))
     return added

@@ -11,16 +11,21 @@ new attempt from the last checkpoint), not torchrun's.
 
 from __future__ import annotations
 
+import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.queues import worker_queue
 from models import nodes as nodes_db
 from models.db import session_scope
 from models.tables import NodeLease
 
 RDZV_JOIN_TIMEOUT_S = 600  # c10d's join_timeout: how long the first node waits for the last
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,20 @@ def reserved_node(sessions: sessionmaker[Session], worker: str) -> tuple[str, in
         if lease is None or lease.rank == 0:
             return None
         return lease.job_id, lease.attempt, node_of(lease, len(nodes_db.nodes_of(s, lease.job_id)))
+
+
+def wake_peers(
+    sessions: sessionmaker[Session], job_id: str, attempt: int, send: Callable[[str, str], bool]
+) -> list[str]:
+    """Node 0's worker, once the attempt's run config is written: wake each other node's worker on its
+    own queue (core.queues.worker_queue), so it starts its node now rather than on its next tick. The
+    message proves nothing: the woken worker runs the node its lease in the database names. Returns the
+    workers woken (a lost wake-up costs a tick: the tick looks for a lease too)."""
+    with session_scope(sessions) as s:
+        peers = [n.worker_id for n in nodes_db.nodes_of(s, job_id) if n.rank > 0 and n.attempt == attempt]
+    woken = [w for w in peers if send(worker_queue(w), job_id)]
+    log.info("job %s: attempt %d, woke its other nodes' workers %s", job_id, attempt, ", ".join(woken))
+    return woken
 
 
 def keep_node(

@@ -37,7 +37,7 @@ from models.placement import Placer
 from worker.claiming import claim_next, set_current_job
 from worker.devices import detect_devices
 from worker.forking import READY_TIMEOUT_S, ForkServer
-from worker.nodes import Node, keep_node, my_node, release_nodes, reserved_node
+from worker.nodes import Node, keep_node, my_node, release_nodes, reserved_node, wake_peers
 from worker.outcome import Outcome
 from worker.recording import Recorder
 from worker.run_config import write_run_config
@@ -70,10 +70,13 @@ class JobRunner:
         devices: list[dict[str, Any]] | None = None,
         stopping: threading.Event | None = None,
         forks: ForkServer | None = None,
+        wake_on: Callable[[str, str], bool] | None = None,
     ) -> None:
         """`command`: what starts a run, in place of training (tests). `stopping`: set when the worker
         process shuts down; a running job checkpoints, stops and goes back to the queue, and no further job
-        is claimed. `forks`: a fork server to start single-process training runs from when it can."""
+        is claimed. `forks`: a fork server to start single-process training runs from when it can.
+        `wake_on(queue, job id)`: publishes a wake-up on a queue (core.queues.Enqueuer.to); the other
+        nodes of a multi-node job placed here are woken with it (None: they start on their tick)."""
         self.settings = settings
         self.sessions = sessions
         self.enqueue = enqueue
@@ -81,6 +84,7 @@ class JobRunner:
         self.catalog = Catalog(settings.models_dir, settings.hf_cache_dir)
         self.command = command
         self.forks = forks
+        self.wake_on = wake_on
         self.me = settings.worker_name or worker_id()
         log.info("worker %s is process %d", self.me, os.getpid())
         self.devices = devices if devices is not None else detect_devices(settings.worker_devices)
@@ -134,6 +138,8 @@ class JobRunner:
     def _attempt(self, job_id: str, attempt: int, run_json: Path) -> str:
         # What _start needs, read once: supervise may ask it again while a fork server starts.
         node = my_node(self.sessions, self.me, job_id)  # node 0 of a multi-node job
+        if node is not None and self.wake_on is not None:  # run.json is written: the others can start
+            wake_peers(self.sessions, job_id, attempt, self.wake_on)
         single = node is None and training_processes(run_json) == 1
         forkable = self.command is None and self.forks is not None and single
         command = self.command or functools.partial(training_command, node=node)
@@ -209,9 +215,10 @@ class JobRunner:
         return spawn(command(run_json), self.storage.log_path(job_id), env)
 
     def start_reserved_node(self) -> bool:
-        """From the worker's tick: start the node this worker is leased as, in a thread of its own, unless
-        one runs, or a job this worker claimed runs (a claim that raced the lease on PostgreSQL: the node
-        then never joins, and the attempt fails after the join timeout and is retried). True if started."""
+        """From the worker's tick, for a node whose wake-up was lost (node 0's worker wakes the others on
+        their own queues: worker.nodes.wake_peers): start the node this worker is leased as, in a thread
+        of its own, unless one runs or a job this worker claimed runs (never both: the claim and the lease
+        lock the worker's row, models.nodes). True if started."""
         if self._busy.is_set() or self._node_lock.locked() or reserved_node(self.sessions, self.me) is None:
             return False
         threading.Thread(target=self.run_node, name="ftune-node", daemon=True).start()

@@ -7,7 +7,8 @@ first use; tests build one from doubles and call its methods. `celery -A worker.
 take this module's `app`: the app of this process's settings, built when first asked for.
 
 Tasks:
-  ftune.run_job           run_next_fair_share_jobs: the jobs this worker can run, by the fair policy
+  ftune.run_job           run_next_fair_share_jobs: the jobs this worker can run, by the fair policy;
+                          on a trainer's own queue, first the node of a multi-node job it is leased as
   ftune.token_stats       token_stats: a job's token statistics (the CPU worker; models.token_stats)
   ftune.reap              reap_now: jobs of dead workers back to the queue, lost wake-ups re-sent
   ftune.deliver_webhooks  deliver_webhooks: the webhook events that are due (the outbox)
@@ -27,7 +28,7 @@ from celery.signals import worker_ready, worker_shutting_down
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.data.token_stats import Compute
-from core.queues import QUEUE, REAP, RUN_JOB, TOKEN_STATS, Enqueuer, class_queue
+from core.queues import QUEUE, REAP, RUN_JOB, TOKEN_STATS, Enqueuer, class_queue, worker_queue
 from core.settings import Settings, get_settings
 from models import workers as workers_db
 from models.db import make_engine, make_session_factory, session_scope
@@ -121,12 +122,15 @@ class Worker:
         self.reap_now()
         self.webhooks.poke()
 
-    def started(self, queues: set[str]) -> None:
-        """The worker process is ready, consuming `queues`: a trainer joins the fleet the planner admits
-        against (a CPU worker does not), takes back its predecessor's jobs and wakes itself; every
-        worker reaps once and starts its tick."""
+    def started(self, queues: set[str], listen: Callable[[str], None] | None = None) -> None:
+        """The worker process is ready, consuming `queues`: a trainer consumes its own queue too (`listen`
+        adds one: the wake-ups of the nodes it is leased as), joins the fleet the planner admits against
+        (a CPU worker does not), takes back its predecessor's jobs and wakes itself; every worker reaps
+        once and starts its tick."""
         r = self.runner
         if QUEUE in queues:
+            if listen is not None:
+                listen(worker_queue(r.me))
             with session_scope(self.sessions) as s:
                 workers_db.register(s, r.me, socket.gethostname(), r.devices)
             self.in_fleet.set()
@@ -158,7 +162,8 @@ def build_worker(settings: Settings, app: Celery) -> Worker:
     """The Worker of a process: its database, this app's publisher, the real token statistics."""
     sessions = make_session_factory(make_engine(settings.resolved_database_url))
     wake = Enqueuer(app.send_task, RUN_JOB)
-    runner = JobRunner(settings, sessions, wake, forks=ForkServer() if settings.fork_training else None)
+    forks = ForkServer() if settings.fork_training else None
+    runner = JobRunner(settings, sessions, wake, forks=forks, wake_on=wake.to)
 
     def queue_depth() -> int | None:
         """Messages waiting in the shared jobs queue and the class queues of the fleet."""
@@ -201,7 +206,11 @@ def create_worker_app(settings: Settings) -> Celery:
     def on_ready(sender: Any = None, **_: Any) -> None:
         if sender is not None and sender.app is not app:
             return  # another app's worker (only where one process builds several)
-        worker().started(set(sender.app.amqp.queues.consume_from) if sender is not None else {QUEUE})
+        if sender is None:
+            worker().started({QUEUE})
+            return
+        # sender: the worker's consumer, which can start consuming one more queue (a trainer's own)
+        worker().started(set(sender.app.amqp.queues.consume_from), listen=sender.add_task_queue)
 
     @worker_shutting_down.connect(weak=False)
     def on_shutdown(**_: Any) -> None:

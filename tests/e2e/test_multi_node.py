@@ -6,6 +6,8 @@ API, Redis and database:
 2. kill -9 of the second node's worker mid-run: the attempt stops, the worker is started again under its
    name, the job resumes from its checkpoint and ends with the adapter of an uninterrupted twin, bit for bit.
 3. A cancel stops both nodes well within the reaper's bound (the lease).
+In each, the other node starts within seconds of the job's placement: node 0's worker wakes it on its own
+queue, well before the workers' tick (20 s, the default, so that a missed wake-up would show).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ COMMON = {"base_model": "ftune-demo", "method": "lora", "max_seq_len": 128, "lor
 TWO_NODES = {"num_nodes": 2, "micro_batch_size": 2, "gradient_accumulation_steps": 1}
 ONE_PROCESS = {"micro_batch_size": 4, "gradient_accumulation_steps": 1}
 LEASE_S = Settings().lease_seconds  # the reaper's bound: a node's lease
+TICK_S = float(Settings.model_fields["reaper_interval_seconds"].default)  # the workers' tick (20 s)
 
 
 class TwoNodes:
@@ -58,7 +61,7 @@ class TwoNodes:
             FTUNE_API_PORT=str(port),
             FTUNE_DATABASE_URL=db_url,
             FTUNE_REDIS_URL=redis_url,
-            FTUNE_REAPER_INTERVAL_SECONDS="1",
+            FTUNE_REAPER_INTERVAL_SECONDS=str(TICK_S),
             FTUNE_FORK_TRAINING="false",
             OMP_NUM_THREADS="1",
         )
@@ -106,12 +109,35 @@ class TwoNodes:
             time.sleep(0.2)
         return nodes
 
+    def wait_running(self, job_id: str, timeout: float = 120) -> tuple[dict[int, str], float]:
+        """The job's nodes, and the seconds from its placement (both nodes leased) to a training process
+        under each node's worker."""
+        deadline = time.monotonic() + timeout
+        while len(nodes := self.nodes(job_id)) < 2:
+            assert time.monotonic() < deadline, self.tails()
+            time.sleep(0.05)
+        placed = time.monotonic()
+        while not all(self.trainers(n, job_id) for n in NODES):
+            assert time.monotonic() < deadline, self.tails()
+            time.sleep(0.05)
+        seconds = time.monotonic() - placed
+        print(f"\njob {job_id}: placement to every node running {seconds:.2f} s (tick {TICK_S:.0f} s)")
+        return nodes, seconds
+
     def adapter(self, job_id: str) -> dict[str, torch.Tensor]:
         return load_file(self.storage.adapter_dir(job_id) / "adapter_model.safetensors")
 
-    def trainers(self, name: str) -> list[psutil.Process]:
-        """The training processes under a worker (its torchrun and the ranks)."""
-        return [p for p in psutil.Process(self.workers[name].p.pid).children(recursive=True)]
+    def trainers(self, name: str, job_id: str = "") -> list[psutil.Process]:
+        """The training processes under a worker (its torchrun and the ranks), of one job if given (its
+        torchrun's command names the job's run.json)."""
+        found = []
+        for p in psutil.Process(self.workers[name].p.pid).children(recursive=True):
+            try:
+                if job_id in " ".join(p.cmdline()):
+                    found.append(p)
+            except psutil.Error:  # ended meanwhile
+                continue
+        return found
 
     def tails(self) -> str:
         return "\n".join(p.tail(40) for p in (self.api, *self.workers.values()))
@@ -139,7 +165,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Iterato
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
 def test_two_workers_as_two_nodes_train_what_one_process_trains(stack: TwoNodes, packing: bool) -> None:
     two = stack.submit(max_steps=6, packing=packing, **TWO_NODES)
-    assert set(stack.wait_nodes(two).values()) == {"node-a", "node-b"}
+    nodes, start_s = stack.wait_running(two)
+    assert set(nodes.values()) == {"node-a", "node-b"}
+    assert start_s < TICK_S / 2  # woken, not found on a tick
     one = stack.submit(max_steps=6, packing=packing, **ONE_PROCESS)
     wait_finished(stack.base, [two, one], timeout=600)
     for job in (two, one):
@@ -174,7 +202,7 @@ def test_kill_9_of_the_second_node_resumes_to_the_uninterrupted_adapter(stack: T
 
 def test_a_cancel_stops_both_nodes(stack: TwoNodes) -> None:
     job = stack.submit(**TWO_NODES, max_steps=100_000)
-    stack.wait_nodes(job)
+    assert stack.wait_running(job)[1] < TICK_S / 2
     deadline = time.monotonic() + 300
     while stack.client.get(f"/jobs/{job}").json()["progress"]["step"] < 1:
         assert time.monotonic() < deadline, stack.tails()

@@ -133,7 +133,7 @@ def test_a_worker_claims_only_jobs_its_devices_fit_and_the_rest_say_why(
         workers_db.register(s, "small-w", "h", CPU_8G)
         job = jobs_db.get_job(s, big)
         assert job is not None
-        reason = waiting_reason(placer, job, workers_db.fleet(s))
+        reason = waiting_reason(placer, job, workers_db.fleet(s), free={"small-w"})
     assert reason is not None and reason.startswith("waiting for a worker with >= ")
     assert reason.endswith("GiB per device, 0 alive of 1")
     need = float(reason.split(">= ")[1].split(" GiB")[0])
@@ -142,7 +142,7 @@ def test_a_worker_claims_only_jobs_its_devices_fit_and_the_rest_say_why(
     with session_scope(sessions) as s:
         workers_db.register(s, "big-w", "h", CPU_1T)
         job = jobs_db.get_job(s, small)
-        assert job is not None and waiting_reason(placer, job, workers_db.fleet(s)) is None
+        assert job is not None and waiting_reason(placer, job, workers_db.fleet(s), free=set()) is None
 
 
 def test_a_job_needing_more_devices_or_bf16_does_not_fit(

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.catalog import Catalog
+from core.queues import worker_queue
 from core.settings import Settings
 from core.states import JobStatus
 from core.storage import Storage
@@ -23,6 +24,7 @@ from models.tables import NodeLease, utcnow
 from tests.models.test_fairshare_db import CPU_8G, _submit
 from tests.worker.runner_env import TINY_LLAMA
 from worker.claiming import claim_next
+from worker.nodes import wake_peers
 
 
 def claim(
@@ -106,6 +108,30 @@ def test_a_peer_taken_meanwhile_rolls_the_whole_claim_back(
     assert claim(sessions, placer, "w-a", tmp_path) is None
     assert status(sessions, gang) == (JobStatus.QUEUED, None)
     assert [w for w, *_ in leases(sessions)] == ["w-b"]  # only the other job's
+
+
+def test_node_0_wakes_the_other_nodes_on_their_own_queues(sessions, placer, fleet, tmp_path) -> None:
+    (gang,) = _submit(sessions, "aaa", 1, num_nodes=2)
+    assert claim(sessions, placer, "w-a", tmp_path) == (gang, 1)
+    sent: list[tuple[str, str]] = []
+
+    def send(queue: str, job_id: str) -> bool:
+        sent.append((queue, job_id))
+        return True
+
+    assert wake_peers(sessions, gang, 1, send) == ["w-b"]
+    assert sent == [(worker_queue("w-b"), gang)]  # w-b alone, not a queue any worker takes
+    assert wake_peers(sessions, gang, 2, send) == [] and len(sent) == 1  # not the leased attempt
+
+
+def test_a_worker_leased_as_a_node_meanwhile_claims_nothing(sessions, placer, fleet, tmp_path) -> None:
+    (single,) = _submit(sessions, "bbb", 1)
+    (other,) = _submit(sessions, "aaa", 1, num_nodes=2)
+    with session_scope(sessions) as s:  # w-a placed a 2-node job on w-b after w-b looked for a lease
+        nodes_db.reserve(s, job_id=other, attempt=1, workers=["w-a", "w-b"], endpoint="h:1", lease_seconds=60)
+    assert claim(sessions, placer, "w-b", tmp_path) is None  # its node runs instead of a job of its own
+    assert status(sessions, single) == (JobStatus.QUEUED, None)
+    assert [w for w, *_ in leases(sessions)] == ["w-a", "w-b"]
 
 
 def test_a_lost_worker_frees_its_node_and_an_ended_attempt_frees_all(

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.data.token_stats import StatsRequest
-from core.queues import CPU_QUEUE, QUEUE, QUEUE_OF, REAP, RUN_JOB, TOKEN_STATS, class_queue
+from core.queues import CPU_QUEUE, QUEUE, QUEUE_OF, REAP, RUN_JOB, TOKEN_STATS, class_queue, worker_queue
 from core.settings import Settings
 from models import jobs as jobs_db
 from models import workers as workers_db
@@ -143,8 +143,10 @@ def test_token_statistics_stopped_by_a_shutdown_store_nothing_and_wake_no_one(en
 def test_a_trainer_joins_the_fleet_when_ready_and_leaves_it_on_shutdown(env) -> None:  # type: ignore[no-untyped-def]
     settings, sessions, _ = env
     worker, wake = _worker(settings, sessions, depth=None)  # queue depth unknown: nothing re-sent
-    worker.started({QUEUE, class_queue(HERE)})
+    listened: list[str] = []
+    worker.started({QUEUE, class_queue(HERE)}, listen=listened.append)
     assert worker.in_fleet.is_set()
+    assert listened == [worker_queue("w-test")]  # its own queue: the wake-ups of the nodes it is leased as
     assert wake.sent == [(class_queue(HERE), "")]  # wakes itself for the jobs that waited for it
     with sessions() as s:
         (me,) = workers_db.fleet(s)
@@ -159,9 +161,10 @@ def test_a_trainer_joins_the_fleet_when_ready_and_leaves_it_on_shutdown(env) -> 
 def test_a_cpu_worker_stays_out_of_the_fleet(env) -> None:  # type: ignore[no-untyped-def]
     settings, sessions, _ = env
     worker, wake = _worker(settings, sessions, depth=None)
-    worker.started({CPU_QUEUE})
+    listened: list[str] = []
+    worker.started({CPU_QUEUE}, listen=listened.append)
     worker.stopped()
-    assert not worker.in_fleet.is_set() and wake.sent == []
+    assert not worker.in_fleet.is_set() and wake.sent == [] and listened == []
     with sessions() as s:
         assert workers_db.list_workers(s) == []
 
