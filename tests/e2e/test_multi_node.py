@@ -7,7 +7,7 @@ API, Redis and database:
    name, the job resumes from its checkpoint and ends with the adapter of an uninterrupted twin, bit for bit.
 3. A cancel stops both nodes well within the reaper's bound (the lease).
 In each, the other node starts within seconds of the job's placement: node 0's worker wakes it on its own
-queue, well before the workers' tick (20 s, the default, so that a missed wake-up would show).
+queue, well before the workers' tick (8 s here, so that a missed wake-up would show).
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ COMMON = {"base_model": "ftune-demo", "method": "lora", "max_seq_len": 128, "lor
 TWO_NODES = {"num_nodes": 2, "micro_batch_size": 2, "gradient_accumulation_steps": 1}
 ONE_PROCESS = {"micro_batch_size": 4, "gradient_accumulation_steps": 1}
 LEASE_S = Settings().lease_seconds  # the reaper's bound: a node's lease
-TICK_S = float(Settings.model_fields["reaper_interval_seconds"].default)  # the workers' tick (20 s)
+# The workers' tick: long enough that a peer found on a tick, not woken, would show (woken: 0.02-0.23 s),
+# short enough that the kill -9 and cancel tests' reaper does not hold the suite.
+TICK_S = 8.0
 
 
 class TwoNodes:
