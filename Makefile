@@ -31,10 +31,11 @@ compose-env:
 # thread each the pair took 14-26 s). With one thread each, a third pytest-xdist worker fills the time
 # the others wait on servers and subprocesses (2026-11-27, 2 cores: 2 workers 23:41, 3 workers 18:26;
 # with 2 threads a process 3 workers had been slower than 2). TEST_WORKERS=0 runs it in one process.
+# --durations=30: the slowest tests, so a CI log says where the time went.
 TEST_WORKERS ?= 3
 TEST_THREADS ?= 1
 test: install
-	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -n $(TEST_WORKERS)
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=30
 
 # The dependency floor (.ci/run runs it after `make test`): the engine's and core's tests with every runtime dependency at the lowest version
 # pyproject.toml allows, in a venv of its own (.venv-floor; .ci/floor says which tests).

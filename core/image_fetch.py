@@ -11,6 +11,9 @@ second lookup cannot swap it. One deadline covers the lookup, connect and read
 refused before its body, a body that streams past it is cut off. Redirects are not followed (a 3xx fails:
 the next hop would be another URL to check, and a dataset had better name where its image is); any status
 but 200 fails. A fetcher takes at most `max_fetches` URLs (an upload's cap, FTUNE_IMAGE_FETCH_MAX_PER_UPLOAD).
+A fetcher answers a URL it has already fetched from memory (up to MEMO_BYTES of images, failures too): an
+upload that names one image in many rows, or is validated twice (a column mapping sent as a form field),
+fetches it once.
 
 Failures are line problems, as the other image checks': image_url_invalid (no host, a bad port),
 image_url_private (an address refused), image_fetch_failed (no answer, a lookup that failed, a status other
@@ -30,6 +33,7 @@ from core.settings import Settings
 
 HEAD_BYTES = 64 * 1024  # the status line and headers
 CHUNK_OVERHEAD_BYTES = 64 * 1024  # chunked framing read with the body; a server that frames more is cut off
+MEMO_BYTES = 64 * 1024 * 1024  # images a fetcher keeps to answer a URL again; past it, a URL is fetched again
 
 
 class _TooLarge(Exception):
@@ -56,6 +60,8 @@ class ImageFetcher:
         self.owner, self.allow_private, self.timeout = owner, allow_private, timeout
         self.max_fetches, self.max_bytes = max_fetches, max_bytes
         self.fetched = 0  # URLs taken so far, failed ones included
+        self._memo: dict[str, bytes | LineProblem] = {}  # URL -> its bytes, or why it failed
+        self._memo_bytes = 0
 
     @classmethod
     def from_settings(
@@ -78,6 +84,23 @@ class ImageFetcher:
         )
 
     def __call__(self, url: str, at: str) -> bytes:
+        known = self._memo.get(url)
+        if isinstance(known, LineProblem):
+            raise LineProblem(known.code, known.message, at)
+        if known is not None:
+            return known
+        try:
+            data = self._fetch(url, at)
+        except LineProblem as p:
+            if p.code != "too_many_images":  # the cap is this fetcher's, not the URL's
+                self._memo[url] = p
+            raise
+        if self._memo_bytes + len(data) <= MEMO_BYTES:
+            self._memo[url] = data
+            self._memo_bytes += len(data)
+        return data
+
+    def _fetch(self, url: str, at: str) -> bytes:
         if self.max_fetches is not None and self.fetched >= self.max_fetches:
             raise LineProblem(
                 "too_many_images",

@@ -180,6 +180,15 @@ def model_not_found(model: str, why: str = "") -> NotFound:
     )
 
 
+def reads_images(services: Services, base_model: str) -> bool:
+    """Whether the base model reads images: only then are a request's image URLs fetched (a text-only
+    model's engine refuses any image part, 400 unsupported_content, and nothing is fetched for it)."""
+    try:
+        return "image" in services.catalog.get(base_model).modality
+    except FtuneError:  # gone since it was resolved: the engine answers for it
+        return False
+
+
 def resolve(services: Services, model: str, principal: Principal) -> Adapter | None:
     """The adapter a `ft:` name of the caller's tenant serves, or None for a base model in the catalog. A
     checkpoint's model (`...:ckpt-step-<n>`, kept on disk) serves that checkpoint's adapter, laid out as
@@ -307,7 +316,8 @@ async def answer(
 ) -> Response:
     """The engine's answer: whole (JSON), or a HeldStream that closes the engine's response at its end."""
     adapter = await run_in_threadpool(resolve, services, body.model, principal)
-    await run_in_threadpool(inline_images, body, services.settings, principal.tenant_id)
+    if await run_in_threadpool(reads_images, services, adapter.base_model if adapter else body.model):
+        await run_in_threadpool(inline_images, body, services.settings, principal.tenant_id)
     engine = engine_of(request, services)
     try:
         response = await send(engine, adapter, body.forwarded())

@@ -141,10 +141,10 @@ async def receive_and_validate(
     settings = services.settings
     mapping = parse_column_mapping(request.query_params.get("column_mapping"))
 
+    # One fetcher for both passes: the second answers the URLs the first fetched from memory.
+    fetch = ImageFetcher.from_settings(settings, tenant_id, max_fetches=settings.image_fetch_max_per_upload)
+
     def validator_for(mapping: dict[str, str] | None) -> DatasetValidator:
-        fetch = ImageFetcher.from_settings(
-            settings, tenant_id, max_fetches=settings.image_fetch_max_per_upload
-        )
         return DatasetValidator.from_settings(settings, mapping, spill_dir=tmp.parent, fetch_image=fetch)
 
     validator = validator_for(mapping)

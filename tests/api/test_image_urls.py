@@ -97,7 +97,7 @@ def test_on_the_image_is_fetched_and_stored_inline(
     body, r = upload(client, row(images.url("/cat.png")), plain, row(images.url("/cat.png"), "Again?"))
     assert r.status_code == 201, r.text
     dataset = r.json()
-    assert images.requests == ["/cat.png", "/cat.png"]
+    assert images.requests == ["/cat.png"]  # one image named twice is fetched once
     inline = "data:image/png;base64," + base64.b64encode(images.cat).decode()
     assert stored_lines(settings, dataset["id"]) == [row(inline), plain, row(inline, "Again?")]
     stored = (settings.data_dir / "datasets" / f"{dataset['id']}.jsonl").read_bytes()
@@ -174,8 +174,28 @@ def test_a_host_that_does_not_resolve_and_the_upload_cap_on_fetches(
     settings = operator(
         app, image_fetch_enabled=True, image_fetch_allow_private=True, image_fetch_max_per_upload=2
     )
-    rows = [row("http://no-such-host.invalid/cat.png")] + [row(images.url("/cat.png"))] * 2
+    images.files["/dog.png"] = images.cat
+    rows = [row("http://no-such-host.invalid/cat.png")] + [
+        row(images.url(p)) for p in ("/cat.png", "/dog.png")
+    ]
     body, r = upload(client, *rows)
     problems = refused(settings, r, body)
     assert problems == [(1, "image_fetch_failed", FIELD), (3, "too_many_images", FIELD)]
     assert images.requests == ["/cat.png"]  # the third URL was not fetched
+
+
+def test_an_upload_validated_twice_fetches_once(
+    client: TestClient, app: FastAPI, images: ImageServer
+) -> None:
+    """A column mapping sent as a form field is read after the file: the upload is validated again from
+    disk, and the second pass answers the first one's URLs from memory."""
+    settings = fetching(app)
+    body = (json.dumps(row(images.url("/cat.png"))) + "\n").encode()
+    form = {"column_mapping": json.dumps({"messages": "messages"})}
+    r = client.post("/datasets", files={"file": ("images.jsonl", body)}, data=form)
+    assert r.status_code == 201, r.text
+    assert images.requests == ["/cat.png"]
+    assert r.json()["report"]["stats"]["images_fetched"] == 1
+    assert stored_lines(settings, r.json()["id"])[0]["messages"][0]["content"][1]["image_url"][
+        "url"
+    ].startswith("data:image/png;base64,")

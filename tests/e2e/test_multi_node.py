@@ -181,7 +181,7 @@ def test_two_workers_as_two_nodes_train_what_one_process_trains(stack: TwoNodes,
 
 
 def test_kill_9_of_the_second_node_resumes_to_the_uninterrupted_adapter(stack: TwoNodes) -> None:
-    spec = {**TWO_NODES, "max_steps": 40, "checkpoint_every_steps": 4}
+    spec = {**TWO_NODES, "max_steps": 20, "checkpoint_every_steps": 4}  # killed after step 4 of 20
     killed = stack.submit(**spec)
     second = stack.wait_nodes(killed)[1].removeprefix("node-")
     checkpoints = stack.storage.job_dir(killed) / CHECKPOINTS_DIR

@@ -2,7 +2,8 @@
 double (tests/openai/engine_double.py) and a real image server on loopback. Fetching on, the API fetches the
 image through the webhooks' address guard and the engine gets it inlined as a data: URL; a URL that fails is
 a 400 with its code and field, and nothing reaches the engine. Fetching off (the default), the request goes
-on as sent and ftune's engine refuses it (image_url_not_fetched), as it always has."""
+on as sent and ftune's engine refuses it (image_url_not_fetched), as it always has. Nothing is fetched for a
+text-only base, whose engine refuses any image part (unsupported_content)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ import pytest
 
 from inference.errors import EngineError
 from inference.schemas import ChatRequest
-from tests.e2e.stack import TEST_ADMIN_KEY
+from tests.e2e.stack import REPO, TEST_ADMIN_KEY
 from tests.image_server import ImageServer, noise_png
 from tests.openai.engine_double import EngineDouble, serve, start_api
 
 pytestmark = pytest.mark.slow
 FIELD = "messages[0].content[1].image_url.url"
+VL_CONFIG = REPO / "tests" / "configs" / "Qwen2.5-VL-7B-Instruct.json"  # the catalog reads config.json only
 
 
 def ask(url: str) -> list[Any]:
@@ -41,6 +43,9 @@ def stack(tmp_path: Path) -> Iterator[tuple[EngineDouble, ImageServer, dict[str,
     apis, sdks = [], {}
     try:
         for name, extra in settings.items():
+            vl = tmp_path / name / "models" / "vl"
+            vl.mkdir(parents=True)
+            (vl / "config.json").write_bytes(VL_CONFIG.read_bytes())
             api, base, _ = start_api(tmp_path / name, **env, **extra)
             apis.append(api)
             sdks[name] = openai.OpenAI(api_key=TEST_ADMIN_KEY, base_url=f"{base}/v1", max_retries=0)
@@ -54,7 +59,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[EngineDouble, ImageServer, dict[str,
 
 def refused(sdk: openai.OpenAI, url: str) -> tuple[Any, Any, str]:
     with pytest.raises(openai.BadRequestError) as e:
-        sdk.chat.completions.create(model="tiny", messages=ask(url))
+        sdk.chat.completions.create(model="vl", messages=ask(url))
     return e.value.code, e.value.param, e.value.message
 
 
@@ -62,7 +67,7 @@ def test_image_urls_follow_the_operators_setting(stack: Any) -> None:
     engine, images, sdks = stack
     cat = images.url("/cat.png")
 
-    sdks["on"].chat.completions.create(model="tiny", messages=ask(cat))
+    sdks["on"].chat.completions.create(model="vl", messages=ask(cat))
     inline = "data:image/png;base64," + base64.b64encode(images.cat).decode()
     assert engine.chats[-1]["messages"] == ask(inline)  # the engine never sees the URL
     assert images.requests == ["/cat.png"]
@@ -84,7 +89,10 @@ def test_image_urls_follow_the_operators_setting(stack: Any) -> None:
     assert images.requests == fetched  # never asked
     assert len(engine.chats) == sent  # nothing refused reached the engine
 
-    sdks["off"].chat.completions.create(model="tiny", messages=ask(cat))
+    sdks["off"].chat.completions.create(model="vl", messages=ask(cat))
+    assert engine.chats[-1]["messages"] == ask(cat) and images.requests == fetched
+    # a text-only base's engine refuses any image part: nothing is fetched for it, fetching on or not
+    sdks["on"].chat.completions.create(model="tiny", messages=ask(cat))
     assert engine.chats[-1]["messages"] == ask(cat) and images.requests == fetched
     # ... where ftune's engine refuses it, as before (the double above only echoes)
     for url, code in ((cat, "image_url_private"), ("https://example.com/cat.png", "image_url_not_fetched")):

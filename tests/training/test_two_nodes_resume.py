@@ -57,8 +57,8 @@ def wait_for_checkpoint(out: Path, procs: list[subprocess.Popen[bytes]], timeout
 
 
 def test_kill_9_of_a_node_resumes_to_the_uninterrupted_adapter(make_config, tmp_path: Path) -> None:
-    spec = {**SPEC, **TWO_NODES, "checkpoint_every_steps": 3, "epochs": 3}
-    rows = qa_rows(40)  # 3 epochs of 40 examples: some tens of steps, killed after the first checkpoint
+    spec = {**SPEC, **TWO_NODES, "checkpoint_every_steps": 3, "epochs": 2}
+    rows = qa_rows(40)  # 2 epochs of 40 examples: 20 steps, killed after the first checkpoint (step 3)
     configs = {name: make_config(rows, name=name, packing=True, **spec) for name in ("killed", "twin")}
     jsons = {}
     for name, c in configs.items():
