@@ -240,8 +240,8 @@ def test_a_non_streaming_client_that_goes_away_frees_the_engine(
     """n=16 choices of LONG tokens each (minutes), dropped by its client after 1.5 s: the engine stops
     generating it, and the next request is answered within seconds (well before the deadline)."""
     hog = {"model": BASE, "messages": USER, "n": 16, "max_tokens": LONG, "ignore_eos": True, "temperature": 0}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{engine_url}/v1/chat/completions", json=hog, headers=AUTH, timeout=1.5)
+    with pytest.raises(httpx.ReadTimeout):  # 16 x LONG tokens take 1.2-6 s; once, on a quiet machine, < 1.5 s
+        httpx.post(f"{engine_url}/v1/chat/completions", json=hog, headers=AUTH, timeout=0.5)
     started = time.monotonic()
     quick = client.chat.completions.create(model=BASE, messages=USER, max_tokens=1, temperature=0)
     assert quick.choices[0].message.content is not None
@@ -254,8 +254,8 @@ def test_a_dropped_chat_logs_one_line_and_no_traceback(engine_url: str, engine_d
     log = engine_dir / "engine.log"
     before = len(log.read_text())
     hog = {"model": BASE, "messages": USER, "n": 16, "max_tokens": LONG, "ignore_eos": True, "temperature": 0}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{engine_url}/v1/chat/completions", json=hog, headers=AUTH, timeout=1.5)
+    with pytest.raises(httpx.ReadTimeout):  # 16 x LONG tokens take 1.2-6 s; once, on a quiet machine, < 1.5 s
+        httpx.post(f"{engine_url}/v1/chat/completions", json=hog, headers=AUTH, timeout=0.5)
     streamed = {**hog, "stream": True}
     with httpx.stream("POST", f"{engine_url}/v1/chat/completions", json=streamed, headers=AUTH) as r:
         assert r.status_code == 200
