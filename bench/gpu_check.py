@@ -136,19 +136,19 @@ def family_model(
     shape: str, models: Path, smoke: bool
 ) -> tuple[dict[str, dict[str, Any]], Path, Path | None]:
     """(configs, model, data) of --shape moe or vl: the family's model built locally (random weights; the
-    tiny demo sizes for --smoke, in fp32), QLoRA left out for the vision base (not supported on it)."""
+    tiny demo sizes for --smoke, in fp32); the vision base's QLoRA keeps its tower unquantized."""
     dtype = {"torch_dtype": "float32" if smoke else "bfloat16"}
+    configs = {k: v | dtype for k, v in FAMILY_CONFIGS.items()}
     if shape == "moe":
         from training.demo_moe import TINY_MOE, MoeSize, build_moe_model
 
         size = TINY_MOE if smoke else MoeSize(**MOE_KW)
         model = build_moe_model(models, name=f"gpu-check-moe{'-smoke' if smoke else ''}", size=size)
-        return {k: v | dtype for k, v in FAMILY_CONFIGS.items()}, model, None
+        return configs, model, None
     from training.demo_vlm import TINY_VLM, VlmSize, build_vlm_model
 
     vl = TINY_VLM if smoke else VlmSize(**VL_KW)
     model = build_vlm_model(models, name=f"gpu-check-vl{'-smoke' if smoke else ''}", size=vl)
-    configs = {k: v | dtype for k, v in FAMILY_CONFIGS.items() if v["method"] != "qlora"}
     return configs, model, ROOT / "examples" / "vision_colors.jsonl"
 
 

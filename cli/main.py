@@ -98,6 +98,10 @@ def cmd_models_build_demo(args: argparse.Namespace) -> int:
     models_dir = get_settings().models_dir
     if args.family == "llama":
         path = build_demo_model(models_dir, force=args.force)
+    elif args.family == "qwen2_5_vl":  # a tiny vision-language base (training.demo_vlm)
+        from training.demo_vlm import build_vlm_model
+
+        path = build_vlm_model(models_dir, force=args.force)
     else:  # a tiny mixture-of-experts base of transformers' own class (training.demo_moe)
         from training.demo_moe import build_moe_model
 
@@ -281,10 +285,10 @@ def _add_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     demo.add_argument("--force", action="store_true")
     demo.add_argument(
         "--family",
-        choices=["llama", "qwen3_moe", "mixtral"],
+        choices=["llama", "qwen3_moe", "mixtral", "qwen2_5_vl"],
         default="llama",
         help="llama: ftune-demo; qwen3_moe / mixtral: a tiny random-weight mixture-of-experts base, "
-        "ftune-demo-qwen3-moe / ftune-demo-mixtral",
+        "ftune-demo-qwen3-moe / ftune-demo-mixtral; qwen2_5_vl: a tiny vision-language base, ftune-demo-vlm",
     )
     demo.set_defaults(fn=cmd_models_build_demo)
     models.add_parser("list", help="list local base models").set_defaults(fn=cmd_models_list)

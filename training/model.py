@@ -69,6 +69,8 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, init_adapte
         # Packed batches need attention per example (training.packing).
         "attn_implementation": attn_implementation(spec.attn_implementation, spec.packing),
     }
+    from training import vision_model as vision
+
     if spec.method == "qlora":
         cdtype = compute_dtype(device, bf16_supported(device))
         kwargs["quantization_config"] = BitsAndBytesConfig(
@@ -76,13 +78,12 @@ def load_model(spec: JobSpec, model_dir: Path, device: torch.device, init_adapte
             bnb_4bit_quant_type="nf4",
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=cdtype,
+            llm_int8_skip_modules=vision.unquantized_modules(model_dir),
         )
         kwargs["dtype"] = cdtype  # the layers that stay unquantized (norms, embeddings, lm_head)
         kwargs["device_map"] = {"": device.index if device.type == "cuda" else "cpu"}
     else:
         kwargs["dtype"] = base_dtype(spec, model_dir)
-    from training import vision_model as vision
-
     model = vision.auto_model_class(model_dir).from_pretrained(model_dir, **kwargs)
     if spec.method == "lora":
         model.to(device)

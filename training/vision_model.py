@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from core.arch.vision import TOWER_PREFIX
 from core.arch.vl_families import BUILDERS as VL_FAMILIES
 
 # FlashAttentionKwargs of a packed row: the language model's example bounds, which the tower must not read
@@ -20,6 +21,14 @@ def is_vision_base(model_dir: Path | str) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(config, dict) and config.get("model_type") in VL_FAMILIES
+
+
+def unquantized_modules(model_dir: Path | str) -> list[str] | None:
+    """What QLoRA's 4-bit loading leaves unquantized: for a vision-language base its tower and projector
+    (frozen, so image features keep the base's precision; the planner counts them unquantized, with the
+    embeddings and the head) and the head, named since an explicit list replaces transformers' default
+    skips; None for a text base (transformers' default: the head and tied weights)."""
+    return [TOWER_PREFIX, "lm_head"] if is_vision_base(model_dir) else None
 
 
 def prepare_model(net: Any) -> None:

@@ -19,6 +19,7 @@ from core.arch.linears import LinearModule
 
 # What a job names to put LoRA on the projector as well (the tower itself is never a target).
 PROJECTOR_TARGETS = ("merger", "projector")
+TOWER_PREFIX = "model.visual"  # where transformers puts the tower and its projector
 
 
 class VisionTower(BaseModel):
@@ -33,7 +34,7 @@ class VisionTower(BaseModel):
     temporal_patch_size: int
     merge_size: int  # spatial_merge_size: merge x merge patches make one language-model token
     out_hidden_size: int  # the projector's output: the language model's hidden size
-    prefix: str = "model.visual"
+    prefix: str = TOWER_PREFIX
 
     @property
     def patch_embed_params(self) -> int:

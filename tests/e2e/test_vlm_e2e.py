@@ -1,5 +1,6 @@
-"""A vision-language base through the whole service: a tiny Qwen2.5-VL (training.demo_vlm, transformers' own
-Qwen2_5_VLForConditionalGeneration) in the running `ftune up`'s models directory trains on
+"""A vision-language base through the whole service: a tiny Qwen2.5-VL (`ftune models build-demo --family
+qwen2_5_vl`: training.demo_vlm, transformers' own Qwen2_5_VLForConditionalGeneration) in the running
+`ftune up`'s models directory trains on
 examples/vision_colors.jsonl (images as data: URLs) to an adapter that changes the model's output;
 POST /plan reads the released Qwen2.5-VL-7B's config.json alone (no weights); bad images are line codes at
 upload, and an image dataset on a text-only base is refused (422, the service's InvalidInput) with nothing
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +19,7 @@ import openai
 import pytest
 import torch
 
-from tests.e2e.stack import REPO, TEST_ADMIN_KEY, Up, api, download_adapter, upload, wait_finished
-from training.demo_vlm import build_vlm_model
+from tests.e2e.stack import REPO, TEST_ADMIN_KEY, Up, api, download_adapter, env_for, upload, wait_finished
 
 pytestmark = pytest.mark.slow
 BASE = "ftune-demo-vlm"
@@ -30,12 +32,19 @@ SPEC: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def vlm_base(models_dir: Path) -> Path:
-    """The tiny VLM, and the 7B's config.json alone, in the running stack's models directory."""
+def vlm_base(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny VLM (built by the real CLI), and the 7B's config.json alone, in the running stack's models
+    directory."""
     seven = models_dir / "Qwen2.5-VL-7B-Instruct"
     seven.mkdir(exist_ok=True)
     shutil.copy(REPO / "tests" / "configs" / "Qwen2.5-VL-7B-Instruct.json", seven / "config.json")
-    return build_vlm_model(models_dir)
+    env = env_for(tmp_path_factory.mktemp("vlm"), models_dir)
+    built = subprocess.run(
+        [sys.executable, "-m", "cli", "models", "build-demo", "--family", "qwen2_5_vl"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    return models_dir / BASE
 
 
 def test_a_tiny_vlm_job_trains_an_adapter_that_changes_the_output(

@@ -104,16 +104,20 @@ def test_truncation_never_cuts_an_image(proc: vision.Processor) -> None:
     assert kept is not None and kept.length == t.length - 1 and kept.mrope_positions.shape[1] == kept.length
 
 
-@pytest.mark.parametrize("packing", [False, True])
+@pytest.mark.parametrize(
+    ("method", "packing"),
+    [("lora", False), ("lora", True), ("qlora", True)],
+    ids=["padded", "packed", "qlora"],
+)
 def test_a_tiny_vlm_job_trains_an_adapter_that_changes_the_output(
-    vlm: Path, tmp_path: Path, packing: bool
+    vlm: Path, tmp_path: Path, method: str, packing: bool
 ) -> None:
     from peft import PeftModel
 
     spec = JobSpec(
-        base_model="tiny-vlm", dataset_id="testdata01", lora_r=8, lora_alpha=16, micro_batch_size=2,
-        gradient_accumulation_steps=2, max_seq_len=64, learning_rate=2e-2, checkpoint_every_steps=0,
-        warmup_steps=1, epochs=3, packing=packing,
+        base_model="tiny-vlm", dataset_id="testdata01", method=method, lora_r=8, lora_alpha=16,
+        micro_batch_size=2, gradient_accumulation_steps=2, max_seq_len=64, learning_rate=2e-2,
+        checkpoint_every_steps=0, warmup_steps=1, epochs=3, packing=packing,
     )  # fmt: skip
     out = tmp_path / "out"
     config = RunConfig(job_id="jobvlm", spec=spec, model_dir=str(vlm), dataset_path=str(EXAMPLES),
@@ -133,3 +137,22 @@ def test_a_tiny_vlm_job_trains_an_adapter_that_changes_the_output(
         assert (after - before).abs().max() > 1e-2
         with tuned.disable_adapter():
             assert torch.equal(tuned(**inputs).logits, before)
+
+
+def test_qlora_quantizes_the_language_model_and_leaves_the_tower(vlm: Path) -> None:
+    """4-bit NF4 for the language model's block linears; the frozen tower and projector and the head keep
+    the base's precision (what the planner counts: planner/state.py)."""
+    from bitsandbytes.nn import Linear4bit
+
+    from training.model import load_model
+
+    spec = JobSpec(base_model="tiny-vlm", dataset_id="testdata01", method="qlora", lora_r=8)
+    net = load_model(spec, vlm, torch.device("cpu"))
+    linears = {
+        name: isinstance(m, Linear4bit) for name, m in net.named_modules() if isinstance(m, torch.nn.Linear)
+    }
+    quantized = [name for name, is_4bit in linears.items() if is_4bit]
+    tower = [name for name in linears if ".visual." in name]
+    assert quantized and all(".language_model.layers." in name for name in quantized)
+    assert tower and any(".visual.merger." in name for name in tower)  # the projector is the tower's
+    assert not any(linears[name] for name in tower) and not linears["base_model.model.lm_head"]
