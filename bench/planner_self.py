@@ -105,6 +105,7 @@ VLM_GRID: list[tuple[bool, str, bool, int, int]] = [
     (True, "lora", False, 4, 256),
     (False, "lora", False, 4, 256),
     (False, "lora", True, 2, 256),
+    (True, "qlora", True, 4, 256),  # the language model in NF4, the tower and head in fp32 (CPU)
 ]
 
 
