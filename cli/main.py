@@ -54,17 +54,28 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not settings.redis_url:
         print("FTUNE_REDIS_URL is not set (ftune up starts an embedded broker for you)", file=sys.stderr)
         return 2
-    from core.queues import CPU_QUEUE, QUEUE, class_queue
-    from worker.devices import detect_devices
     from worker.tasks import app
 
-    # Two kinds of worker process, so short CPU work never waits behind a training job that holds a
-    # jobs worker (prefetch 1) for hours: "jobs" trains, one job per slot; "cpu" computes token statistics.
-    cpu = args.queue == "cpu"
-    # A trainer consumes the shared queue and its device class's (core.queues: placement).
-    jobs_queues = f"{QUEUE},{class_queue(detect_devices(settings.worker_devices))}"
+    app.worker_main(worker_argv(settings, cpu=args.queue == "cpu", concurrency=args.concurrency))
+    return 0
+
+
+def worker_argv(settings: Settings, *, cpu: bool, concurrency: int | None) -> list[str]:
+    """The Celery worker's command line. Two kinds of worker process, so short CPU work never waits behind
+    a training job that holds a jobs worker (prefetch 1) for hours: "jobs" trains, one job per slot; "cpu"
+    computes token statistics. A trainer consumes the shared queue, its device class's and its own (the
+    wake-ups of the nodes it is leased as: core.queues), so its id is fixed here, before the runner reads
+    it (settings.worker_name: FTUNE_WORKER_NAME, or a name made once for this process)."""
+    from core.queues import CPU_QUEUE, QUEUE, class_queue, worker_queue
+    from worker.devices import detect_devices
+    from worker.runner import worker_id
+
+    named = bool(settings.worker_name)
+    settings.worker_name = settings.worker_name or worker_id()
+    devices = detect_devices(settings.worker_devices)
+    jobs_queues = f"{QUEUE},{class_queue(devices)},{worker_queue(settings.worker_name)}"
     # The slots as run, also where the runner reads them (each run's share of the CPUs: threads_per_run)
-    settings.worker_concurrency = args.concurrency or (1 if cpu else settings.worker_concurrency)
+    settings.worker_concurrency = concurrency or (1 if cpu else settings.worker_concurrency)
     argv = [
         "worker",
         "--pool=threads",
@@ -74,10 +85,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         "--without-gossip",
         "--without-mingle",
     ]
-    if settings.worker_name:
+    if named:  # else Celery's own (celery@host), which health checks address
         argv.append(f"--hostname={settings.worker_name}{'-cpu' if cpu else ''}")
-    app.worker_main(argv)
-    return 0
+    return argv
 
 
 def cmd_reaper(args: argparse.Namespace) -> int:

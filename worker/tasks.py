@@ -122,15 +122,17 @@ class Worker:
         self.reap_now()
         self.webhooks.poke()
 
-    def started(self, queues: set[str], listen: Callable[[str], None] | None = None) -> None:
-        """The worker process is ready, consuming `queues`: a trainer consumes its own queue too (`listen`
-        adds one: the wake-ups of the nodes it is leased as), joins the fleet the planner admits against
-        (a CPU worker does not), takes back its predecessor's jobs and wakes itself; every worker reaps
-        once and starts its tick."""
+    def started(self, queues: set[str]) -> None:
+        """The worker process is ready, consuming `queues`: a trainer (also on its own queue, for the
+        wake-ups of the nodes it is leased as: cli.main.worker_argv) joins the fleet the planner admits
+        against (a CPU worker does not), takes back its predecessor's jobs and wakes itself; every worker
+        reaps once and starts its tick."""
         r = self.runner
         if QUEUE in queues:
-            if listen is not None:
-                listen(worker_queue(r.me))
+            if worker_queue(r.me) not in queues:
+                log.warning(
+                    "worker %s does not consume %s: its nodes start on its tick", r.me, worker_queue(r.me)
+                )
             with session_scope(self.sessions) as s:
                 workers_db.register(s, r.me, socket.gethostname(), r.devices)
             self.in_fleet.set()
@@ -206,11 +208,7 @@ def create_worker_app(settings: Settings) -> Celery:
     def on_ready(sender: Any = None, **_: Any) -> None:
         if sender is not None and sender.app is not app:
             return  # another app's worker (only where one process builds several)
-        if sender is None:
-            worker().started({QUEUE})
-            return
-        # sender: the worker's consumer, which can start consuming one more queue (a trainer's own)
-        worker().started(set(sender.app.amqp.queues.consume_from), listen=sender.add_task_queue)
+        worker().started(set(sender.app.amqp.queues.consume_from) if sender is not None else {QUEUE})
 
     @worker_shutting_down.connect(weak=False)
     def on_shutdown(**_: Any) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from cli.main import worker_argv
 from core.data.token_stats import StatsRequest
 from core.queues import CPU_QUEUE, QUEUE, QUEUE_OF, REAP, RUN_JOB, TOKEN_STATS, class_queue, worker_queue
 from core.settings import Settings
@@ -20,6 +21,7 @@ from models import workers as workers_db
 from planner import BatchShape
 from tests.worker.runner_env import job_in_db
 from worker.celery_app import DELIVER_WEBHOOKS
+from worker.devices import detect_devices
 from worker.runner import JobRunner
 from worker.tasks import Worker, create_worker_app
 
@@ -143,10 +145,8 @@ def test_token_statistics_stopped_by_a_shutdown_store_nothing_and_wake_no_one(en
 def test_a_trainer_joins_the_fleet_when_ready_and_leaves_it_on_shutdown(env) -> None:  # type: ignore[no-untyped-def]
     settings, sessions, _ = env
     worker, wake = _worker(settings, sessions, depth=None)  # queue depth unknown: nothing re-sent
-    listened: list[str] = []
-    worker.started({QUEUE, class_queue(HERE)}, listen=listened.append)
+    worker.started({QUEUE, class_queue(HERE), worker_queue("w-test")})
     assert worker.in_fleet.is_set()
-    assert listened == [worker_queue("w-test")]  # its own queue: the wake-ups of the nodes it is leased as
     assert wake.sent == [(class_queue(HERE), "")]  # wakes itself for the jobs that waited for it
     with sessions() as s:
         (me,) = workers_db.fleet(s)
@@ -161,10 +161,9 @@ def test_a_trainer_joins_the_fleet_when_ready_and_leaves_it_on_shutdown(env) -> 
 def test_a_cpu_worker_stays_out_of_the_fleet(env) -> None:  # type: ignore[no-untyped-def]
     settings, sessions, _ = env
     worker, wake = _worker(settings, sessions, depth=None)
-    listened: list[str] = []
-    worker.started({CPU_QUEUE}, listen=listened.append)
+    worker.started({CPU_QUEUE})
     worker.stopped()
-    assert not worker.in_fleet.is_set() and wake.sent == [] and listened == []
+    assert not worker.in_fleet.is_set() and wake.sent == []
     with sessions() as s:
         assert workers_db.list_workers(s) == []
 
@@ -185,3 +184,21 @@ def test_the_app_registers_the_tasks_under_the_names_the_api_publishes(tmp_path:
     assert ours[RUN_JOB].acks_late and ours[TOKEN_STATS].acks_late
     assert ours[RUN_JOB].run.__name__ == "run_next_fair_share_jobs"
     assert app.conf.task_routes[TOKEN_STATS] == {"queue": CPU_QUEUE}
+
+
+def test_a_trainer_consumes_its_own_queue_from_its_command_line() -> None:
+    """`ftune worker`'s Celery command line: a trainer on the shared queue, its device class's and its own
+    (the wake-ups of the nodes it is leased as), under the id its runner then reads; a CPU worker on the
+    CPU queue alone. An unnamed worker gets a name once, and keeps Celery's hostname (health checks)."""
+    named = Settings(worker_name="w-a", worker_devices="cpu:16GiB")
+    argv = worker_argv(named, cpu=False, concurrency=None)
+    devices = detect_devices("cpu:16GiB")
+    assert f"--queues={QUEUE},{class_queue(devices)},{worker_queue('w-a')}" in argv
+    assert "--hostname=w-a" in argv and named.worker_name == "w-a"
+    unnamed = Settings(worker_name="", worker_devices="cpu:16GiB")
+    argv = worker_argv(unnamed, cpu=False, concurrency=None)
+    queues = next(a for a in argv if a.startswith("--queues=")).split(",")
+    assert unnamed.worker_name and queues[-1] == worker_queue(unnamed.worker_name)
+    assert not any(a.startswith("--hostname") for a in argv)
+    cpu = worker_argv(Settings(worker_name="w-a"), cpu=True, concurrency=None)
+    assert f"--queues={CPU_QUEUE}" in cpu and "--concurrency=1" in cpu and "--hostname=w-a-cpu" in cpu
