@@ -1,26 +1,30 @@
 """A vision-language base (training.vision, training.demo_vlm): a tiny Qwen2.5-VL trains through the
-recipe on examples/vision_colors.jsonl; its inputs are the model's own (image processor, get_rope_index);
-packing keeps each example's images and positions; the planner's image tokens are the processor's."""
+recipe on examples/vision_colors.jsonl (LoRA and QLoRA); its inputs are the model's own (image processor,
+get_rope_index); packing keeps each example's images and positions; the planner's image tokens are the
+processor's; accumulation and 2-rank FSDP train what one big batch trains, as on the dense bases."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from core.run_protocol import EXIT_OK, RunConfig
 from core.spec import JobSpec
 from core.storage import ADAPTER_DIR, METRICS_FILE
 from planner.vision import image_tokens
-from tests.training.util import read_metrics
+from tests.training.util import read_metrics, relative_difference
 from training import vision
 from training.data import collate
 from training.demo_vlm import build_vlm_model
 from training.loss import token_losses
 from training.packing import collate_packed
 from training.run import run
+from worker.runner import training_command
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "vision_colors.jsonl"
 ROWS = [json.loads(line) for line in EXAMPLES.read_text().splitlines()]
@@ -156,3 +160,46 @@ def test_qlora_quantizes_the_language_model_and_leaves_the_tower(vlm: Path) -> N
     assert quantized and all(".language_model.layers." in name for name in quantized)
     assert tower and any(".visual.merger." in name for name in tower)  # the projector is the tower's
     assert not any(linears[name] for name in tower) and not linears["base_model.model.lm_head"]
+
+
+@pytest.mark.slow  # starts torchrun
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_every_split_of_the_global_batch_trains_the_same_adapter(
+    vlm: Path, tmp_path: Path, packing: bool
+) -> None:
+    """micro 4 x accumulation 1 = micro 1 x 4 = 2 FSDP ranks (torchrun, gloo) x micro 2, each tensor within
+    1e-4 (relative Frobenius); half the global batch (the control) differs."""
+    base = dict(
+        base_model="tiny-vlm", dataset_id="testdata01", lora_r=8, lora_alpha=16, lora_dropout=0.0,
+        max_seq_len=64, learning_rate=2e-2, checkpoint_every_steps=0, warmup_steps=1, epochs=2,
+        packing=packing,
+    )  # fmt: skip
+    splits = {
+        "one": {"micro_batch_size": 4, "gradient_accumulation_steps": 1},
+        "accumulated": {"micro_batch_size": 1, "gradient_accumulation_steps": 4},
+        "fsdp": {"micro_batch_size": 2, "gradient_accumulation_steps": 1, "num_gpus": 2},
+        "control": {"micro_batch_size": 2, "gradient_accumulation_steps": 1},
+    }
+    configs = {
+        name: RunConfig(
+            job_id=f"vl{name}",
+            spec=JobSpec(**base, **split),
+            model_dir=str(vlm),
+            dataset_path=str(EXAMPLES),
+            output_dir=str(tmp_path / name),
+        )
+        for name, split in splits.items()
+    }
+    (tmp_path / "fsdp.json").write_text(configs["fsdp"].model_dump_json())
+    ranks = subprocess.Popen(training_command(tmp_path / "fsdp.json"), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, cwd=Path(__file__).parents[2])  # fmt: skip
+    assert all(run(configs[name]) == EXIT_OK for name in ("one", "accumulated", "control"))  # meanwhile
+    log, _ = ranks.communicate(timeout=600)
+    assert ranks.returncode == 0 and "FSDP over 2 processes" in log, log[-3000:]
+    adapters = {
+        name: load_file(tmp_path / name / ADAPTER_DIR / "adapter_model.safetensors") for name in splits
+    }
+    diffs = {name: relative_difference(adapters["one"], adapters[name]) for name in splits if name != "one"}
+    print(f"\n{'packed' if packing else 'padded'}: " + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items()))
+    assert diffs["accumulated"] <= 1e-4 and diffs["fsdp"] <= 1e-4
+    assert diffs["control"] > 1e-2
