@@ -33,7 +33,7 @@ from core.data.problems import LineProblem, json_type, show
 from core.net import refusal
 
 IMAGE_KINDS = ("image_url", "input_image")  # OpenAI's chat part, and its Responses API's
-MAX_IMAGES_PER_EXAMPLE = 8
+MAX_IMAGES_PER_EXAMPLE = 10  # OpenAI's own bound on a vision fine-tuning example: its files move as they are
 MAX_IMAGE_PIXELS = 4096 * 4096  # width x height, before the processor's own resizing
 MAX_IMAGE_BYTES = 10 * 2**20  # a decoded image file
 FORMATS = ("PNG", "JPEG", "GIF", "WEBP")

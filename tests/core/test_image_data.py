@@ -55,9 +55,10 @@ def test_rows_with_images_are_valid_and_counted(tmp_path: Path) -> None:
         row(image(png(fmt="JPEG"))),  # an image alone is a user turn's content
         row(image(png()), image(png(8, 8)), {"type": "input_image", "image_url": png()}),
         {"messages": [{"role": "user", "content": "no image"}, {"role": "assistant", "content": "ok"}]},
+        row(*[image(png())] * 10),  # OpenAI's bound on an example, as its vision fine-tuning files have it
     )
     assert report.valid, report.problems
-    assert report.stats["with_images"] == 3 and report.stats["images"] == 5
+    assert report.stats["with_images"] == 4 and report.stats["images"] == 15
 
 
 URL = "messages[0].content[0].image_url.url"
@@ -71,7 +72,7 @@ CASES = [
     (row(image("http://localhost/cat.png")), "image_url_private", URL),
     (row(image("https://example.com/cat.png")), "image_url_not_fetched", URL),
     (row(image(png(BIG, 4096))), "image_too_large", URL),
-    (row(*[image(png())] * 9), "too_many_images", "messages"),
+    (row(*[image(png())] * 11), "too_many_images", "messages"),
     (row(image(png()), role="assistant"), "image_not_in_user_message", "messages[1].content"),
     (row({"type": "image_url"}), "missing_field", "messages[0].content[0].image_url"),
     (row({"type": "input_audio", "input_audio": {}}), "unsupported_content", "messages[0].content[0]"),
