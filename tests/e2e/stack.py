@@ -97,6 +97,15 @@ def env_for(tmp: Path, models_dir: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def build_demo(family: str, models_dir: Path, tmp: Path) -> None:
+    """`ftune models build-demo --family <family>` into `models_dir`, by the real CLI."""
+    built = subprocess.run(
+        [sys.executable, "-m", "cli", "models", "build-demo", "--family", family],
+        env=env_for(tmp, models_dir), cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+
+
 def wait_ready(base: str, procs: list[Proc], timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

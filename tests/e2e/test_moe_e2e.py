@@ -10,8 +10,6 @@ x micro 2, which the CPU worker runs as two gloo processes under torchrun), padd
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ import openai
 import pytest
 import torch
 
-from tests.e2e.stack import REPO, TEST_ADMIN_KEY, Up, api, download_adapter, env_for, upload, wait_finished
+from tests.e2e.stack import REPO, TEST_ADMIN_KEY, Up, api, build_demo, download_adapter, upload, wait_finished
 
 pytestmark = pytest.mark.slow
 BASE = "ftune-demo-qwen3-moe"
@@ -34,12 +32,7 @@ SPEC: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def moe_base(up: Up, models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The tiny Qwen3-MoE, built by the real CLI into the running stack's models directory."""
-    env = env_for(tmp_path_factory.mktemp("moe"), models_dir)
-    built = subprocess.run(
-        [sys.executable, "-m", "cli", "models", "build-demo", "--family", "qwen3_moe"],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr
+    build_demo("qwen3_moe", models_dir, tmp_path_factory.mktemp("moe"))
     return BASE
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ import openai
 import pytest
 import torch
 
-from tests.e2e.stack import REPO, TEST_ADMIN_KEY, Up, api, download_adapter, env_for, upload, wait_finished
+from tests.e2e.stack import REPO, TEST_ADMIN_KEY, Up, api, build_demo, download_adapter, upload, wait_finished
 
 pytestmark = pytest.mark.slow
 BASE = "ftune-demo-vlm"
@@ -38,12 +36,7 @@ def vlm_base(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     seven = models_dir / "Qwen2.5-VL-7B-Instruct"
     seven.mkdir(exist_ok=True)
     shutil.copy(REPO / "tests" / "configs" / "Qwen2.5-VL-7B-Instruct.json", seven / "config.json")
-    env = env_for(tmp_path_factory.mktemp("vlm"), models_dir)
-    built = subprocess.run(
-        [sys.executable, "-m", "cli", "models", "build-demo", "--family", "qwen2_5_vl"],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr
+    build_demo("qwen2_5_vl", models_dir, tmp_path_factory.mktemp("vlm"))
     return models_dir / BASE
 
 
