@@ -38,7 +38,7 @@ from starlette.concurrency import run_in_threadpool
 from api.auth import ChatPrincipalDep
 from api.deps import Services, ServicesDep
 from api.inference_client import Adapter, EngineError, InferenceClient
-from api.openai.chat_images import inline_images
+from api.openai.chat_images import inline_images, remote_parts
 from api.openai.errors import AUTHED, OpenAIErrorResponse, OpenAIRoute, documented, error_response
 from api.sse import HeldStream
 from core.chat_limits import MAX_N, MAX_STOP_CHARS, MAX_STOPS
@@ -316,7 +316,8 @@ async def answer(
 ) -> Response:
     """The engine's answer: whole (JSON), or a HeldStream that closes the engine's response at its end."""
     adapter = await run_in_threadpool(resolve, services, body.model, principal)
-    if await run_in_threadpool(reads_images, services, adapter.base_model if adapter else body.model):
+    base_model = adapter.base_model if adapter else body.model
+    if remote_parts(body) and await run_in_threadpool(reads_images, services, base_model):
         await run_in_threadpool(inline_images, body, services.settings, principal.tenant_id)
     engine = engine_of(request, services)
     try:
