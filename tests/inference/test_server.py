@@ -237,7 +237,7 @@ def test_every_route_but_health_wants_the_key_and_models_show_no_paths(
 def test_a_non_streaming_client_that_goes_away_frees_the_engine(
     client: openai.OpenAI, engine_url: str
 ) -> None:
-    """n=16 choices of LONG tokens each (minutes), dropped by its client after 1.5 s: the engine stops
+    """n=16 choices of LONG tokens each (seconds), dropped by its client after 0.5 s: the engine stops
     generating it, and the next request is answered within seconds (well before the deadline)."""
     hog = {"model": BASE, "messages": USER, "n": 16, "max_tokens": LONG, "ignore_eos": True, "temperature": 0}
     with pytest.raises(httpx.ReadTimeout):  # 16 x LONG tokens take 1.2-6 s; once, on a quiet machine, < 1.5 s
