@@ -51,11 +51,9 @@ from training import (
     objectives,
     quota,
     samples,
-    vision,
 )
 from training.batches import Step
 from training.step import Parts, Position, StepResult, lr_at, make_optimizer
-from training.vision_model import is_vision_base
 
 Example = Any  # what a step's rows index: an example (sft), a preference pair (dpo), a prompt (grpo)
 
@@ -424,9 +422,7 @@ def load_splits(config: RunConfig, tokenizer: object) -> tuple[list[Example], li
     from training.data import DatasetError
 
     spec = config.spec
-    load = objectives.objective_class(spec).load
-    if is_vision_base(config.model_dir):  # its images through the model's image processor
-        load, tokenizer = vision.load_for_training, vision.load_processor(Path(config.model_dir))
+    load, tokenizer = objectives.dataset_reader(spec, Path(config.model_dir), tokenizer)
     items, dropped, stats = load(Path(config.dataset_path), tokenizer, spec, config.column_mapping)
     if spec.validation_dataset_id:
         if not config.validation_path:

@@ -43,12 +43,12 @@ def compute(
     """The statistics of `dataset` for `spec` (a core.spec.JobSpec) against model_dir's tokenizer."""
     from training import batches, evaluate
     from training.memory import batch_shape
-    from training.objectives import objective_class
+    from training.objectives import dataset_reader
 
-    tokenizer = _tokenizer(model_dir)
     # dpo's pairs add prompt and completion lengths and the pairs truncated (objectives.dpo.pairs); count,
-    # p50, ... describe a pair's longer side (what max_seq_len bounds); grpo's: its prompts
-    load = objective_class(spec).load
+    # p50, ... describe a pair's longer side (what max_seq_len bounds); grpo's: its prompts; a
+    # vision-language base's examples count their image tokens
+    load, tokenizer = dataset_reader(spec, model_dir, _tokenizer(model_dir))
     items, dropped, stats = load(dataset, tokenizer, spec, column_mapping)
     # The steps training makes: of the training split (as training.recipe.load_splits makes it).
     train, validation = evaluate.split_validation(items, spec.validation_fraction, spec.seed)

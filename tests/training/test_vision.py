@@ -203,3 +203,26 @@ def test_every_split_of_the_global_batch_trains_the_same_adapter(
     print(f"\n{'packed' if packing else 'padded'}: " + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items()))
     assert diffs["accumulated"] <= 1e-4 and diffs["fsdp"] <= 1e-4
     assert diffs["control"] > 1e-2
+
+
+def test_token_statistics_count_image_tokens_as_training_does(
+    vlm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m training.token_stats` (what admission re-plans a job with) reads a vision base's data as
+    training does, through its processor: an image is its tokens, not the one placeholder the chat
+    template writes."""
+    from training.model import load_tokenizer
+    from training.objectives import objective_class
+    from training.recipe import load_splits
+    from training.token_stats import main
+
+    fields = {"base_model": "tiny-vlm", "dataset_id": "testdata01", "max_seq_len": 64, "micro_batch_size": 2}
+    assert main(["--model-dir", str(vlm), "--dataset", str(EXAMPLES), "--spec", json.dumps(fields)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    spec = JobSpec(**fields)
+    config = RunConfig(job_id="vlstats", spec=spec, model_dir=str(vlm), dataset_path=str(EXAMPLES),
+                       output_dir="unused")  # fmt: skip
+    _, _, _, trained = load_splits(config, load_tokenizer(vlm))  # training's own statistics
+    assert {k: got[k] for k in trained} == trained
+    _, _, text_only = objective_class(spec).load(EXAMPLES, load_tokenizer(vlm), spec, None)
+    assert got["max"] > text_only["max"]

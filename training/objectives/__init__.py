@@ -17,19 +17,36 @@ Adding an objective: a package with a class that has these members, and a line i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 from core.spec import JobSpec
 from training.objectives.base import Context, Evaluation, Objective
 from training.objectives.dpo import Dpo
 from training.objectives.grpo import Grpo
 from training.objectives.sft import Sft
 
-__all__ = ["Context", "Evaluation", "Objective", "build", "objective_class"]
+__all__ = ["Context", "Evaluation", "Objective", "build", "dataset_reader", "objective_class"]
 
 OBJECTIVES: dict[str, type[Objective]] = {"sft": Sft, "dpo": Dpo, "grpo": Grpo}
 
 
 def objective_class(spec: JobSpec) -> type[Objective]:
     return OBJECTIVES[spec.objective]
+
+
+def dataset_reader(spec: JobSpec, model_dir: Path, tokenizer: Any) -> tuple[Callable[..., Any], Any]:
+    """How a run reads its dataset, for training and its token statistics alike: (load, what load tokenizes
+    with). The objective's load with the base's tokenizer; for a vision-language base training.vision's with
+    the base's processor, whose image tokens count as the model sees them."""
+    from training.vision_model import is_vision_base
+
+    if is_vision_base(model_dir):
+        from training import vision
+
+        return vision.load_for_training, vision.load_processor(model_dir)
+    return objective_class(spec).load, tokenizer
 
 
 def build(ctx: Context) -> Objective:
