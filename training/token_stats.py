@@ -43,12 +43,11 @@ def compute(
     """The statistics of `dataset` for `spec` (a core.spec.JobSpec) against model_dir's tokenizer."""
     from training import batches, evaluate
     from training.memory import batch_shape
-    from training.objectives import dataset_reader
 
     # dpo's pairs add prompt and completion lengths and the pairs truncated (objectives.dpo.pairs); count,
     # p50, ... describe a pair's longer side (what max_seq_len bounds); grpo's: its prompts; a
     # vision-language base's examples count their image tokens
-    load, tokenizer = dataset_reader(spec, model_dir, _tokenizer(model_dir))
+    load, tokenizer = _reader(spec, model_dir)
     items, dropped, stats = load(dataset, tokenizer, spec, column_mapping)
     # The steps training makes: of the training split (as training.recipe.load_splits makes it).
     train, validation = evaluate.split_validation(items, spec.validation_fraction, spec.seed)
@@ -72,15 +71,17 @@ def compute(
     }
 
 
-def _tokenizer(model_dir: Path):  # -> PreTrainedTokenizerBase
-    from training.model import load_tokenizer  # local files only, trust_remote_code=False
+def _reader(spec: Any, model_dir: Path) -> tuple[Any, Any]:
+    """training.objectives.dataset_reader: the load and the base's tokenizer (or processor) it reads with."""
+    from training.objectives import dataset_reader
 
     try:
-        return load_tokenizer(model_dir)
+        return dataset_reader(spec, model_dir)
     except (OSError, ValueError) as e:
         # Not the exception text: it names this server's paths.
         reason = f"{type(e).__name__}; see the server log"
-        raise StatsError("tokenizer_error", f"the base model's tokenizer cannot be loaded ({reason})") from e
+        message = f"the base model's tokenizer or processor cannot be loaded ({reason})"
+        raise StatsError("tokenizer_error", message) from e
 
 
 def main(argv: list[str] | None = None) -> int:

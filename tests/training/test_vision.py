@@ -226,3 +226,20 @@ def test_token_statistics_count_image_tokens_as_training_does(
     assert {k: got[k] for k in trained} == trained
     _, _, text_only = objective_class(spec).load(EXAMPLES, load_tokenizer(vlm), spec, None)
     assert got["max"] > text_only["max"]
+
+
+def test_a_vision_base_without_its_image_processor_names_no_path(
+    vlm: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its tokenizer loads, its processor does not: a tokenizer_error whose message names no path of the
+    server's (the processor's own error does)."""
+    import shutil
+
+    from training.token_stats import main
+
+    broken = tmp_path / "no-processor"
+    shutil.copytree(vlm, broken, ignore=shutil.ignore_patterns("preprocessor_config.json", "*.safetensors"))
+    fields = {"base_model": "tiny-vlm", "dataset_id": "testdata01"}
+    assert main(["--model-dir", str(broken), "--dataset", str(EXAMPLES), "--spec", json.dumps(fields)]) == 1
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["code"] == "tokenizer_error" and str(tmp_path) not in error["message"], error

@@ -36,16 +36,21 @@ def objective_class(spec: JobSpec) -> type[Objective]:
     return OBJECTIVES[spec.objective]
 
 
-def dataset_reader(spec: JobSpec, model_dir: Path, tokenizer: Any) -> tuple[Callable[..., Any], Any]:
+def dataset_reader(spec: JobSpec, model_dir: Path, tokenizer: Any = None) -> tuple[Callable[..., Any], Any]:
     """How a run reads its dataset, for training and its token statistics alike: (load, what load tokenizes
-    with). The objective's load with the base's tokenizer; for a vision-language base training.vision's with
-    the base's processor, whose image tokens count as the model sees them."""
+    with). The objective's load with the base's tokenizer (`tokenizer` where the caller has it, else loaded
+    here); for a vision-language base training.vision's with the base's processor, whose image tokens count
+    as the model sees them. Local files only, never remote code (training.model.load_tokenizer)."""
     from training.vision_model import is_vision_base
 
     if is_vision_base(model_dir):
         from training import vision
 
         return vision.load_for_training, vision.load_processor(model_dir)
+    if tokenizer is None:
+        from training.model import load_tokenizer
+
+        tokenizer = load_tokenizer(model_dir)
     return objective_class(spec).load, tokenizer
 
 
