@@ -6,17 +6,16 @@ processor's; accumulation and 2-rank FSDP train what one big batch trains, as on
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from core.run_protocol import EXIT_OK, RunConfig
 from core.spec import JobSpec
 from core.storage import ADAPTER_DIR, METRICS_FILE
 from planner.vision import image_tokens
+from tests.training.test_fsdp import adapter, finish, launch
 from tests.training.util import read_metrics, relative_difference
 from training import vision
 from training.data import collate
@@ -24,7 +23,6 @@ from training.demo_vlm import build_vlm_model
 from training.loss import token_losses
 from training.packing import collate_packed
 from training.run import run
-from worker.runner import training_command
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "vision_colors.jsonl"
 ROWS = [json.loads(line) for line in EXAMPLES.read_text().splitlines()]
@@ -165,15 +163,10 @@ def test_qlora_quantizes_the_language_model_and_leaves_the_tower(vlm: Path) -> N
 @pytest.mark.slow  # starts torchrun
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
 def test_every_split_of_the_global_batch_trains_the_same_adapter(
-    vlm: Path, tmp_path: Path, packing: bool
+    make_config, vlm: Path, packing: bool
 ) -> None:
     """micro 4 x accumulation 1 = micro 1 x 4 = 2 FSDP ranks (torchrun, gloo) x micro 2, each tensor within
     1e-4 (relative Frobenius); half the global batch (the control) differs."""
-    base = dict(
-        base_model="tiny-vlm", dataset_id="testdata01", lora_r=8, lora_alpha=16, lora_dropout=0.0,
-        max_seq_len=64, learning_rate=2e-2, checkpoint_every_steps=0, warmup_steps=1, epochs=2,
-        packing=packing,
-    )  # fmt: skip
     splits = {
         "one": {"micro_batch_size": 4, "gradient_accumulation_steps": 1},
         "accumulated": {"micro_batch_size": 1, "gradient_accumulation_steps": 4},
@@ -181,24 +174,16 @@ def test_every_split_of_the_global_batch_trains_the_same_adapter(
         "control": {"micro_batch_size": 2, "gradient_accumulation_steps": 1},
     }
     configs = {
-        name: RunConfig(
-            job_id=f"vl{name}",
-            spec=JobSpec(**base, **split),
-            model_dir=str(vlm),
-            dataset_path=str(EXAMPLES),
-            output_dir=str(tmp_path / name),
+        name: make_config(
+            ROWS, model_dir=vlm, name=name, learning_rate=2e-2, epochs=2, packing=packing, **split
         )
         for name, split in splits.items()
     }
-    (tmp_path / "fsdp.json").write_text(configs["fsdp"].model_dump_json())
-    ranks = subprocess.Popen(training_command(tmp_path / "fsdp.json"), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, cwd=Path(__file__).parents[2])  # fmt: skip
+    ranks = launch(configs["fsdp"], Path(configs["fsdp"].output_dir).parent)
     assert all(run(configs[name]) == EXIT_OK for name in ("one", "accumulated", "control"))  # meanwhile
-    log, _ = ranks.communicate(timeout=600)
-    assert ranks.returncode == 0 and "FSDP over 2 processes" in log, log[-3000:]
-    adapters = {
-        name: load_file(tmp_path / name / ADAPTER_DIR / "adapter_model.safetensors") for name in splits
-    }
+    rc, log = finish(ranks)
+    assert rc == 0 and "FSDP over 2 processes" in log, log[-3000:]
+    adapters = {name: adapter(Path(c.output_dir)) for name, c in configs.items()}
     diffs = {name: relative_difference(adapters["one"], adapters[name]) for name in splits if name != "one"}
     print(f"\n{'packed' if packing else 'padded'}: " + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items()))
     assert diffs["accumulated"] <= 1e-4 and diffs["fsdp"] <= 1e-4
