@@ -317,8 +317,9 @@ async def answer(
     """The engine's answer: whole (JSON), or a HeldStream that closes the engine's response at its end."""
     adapter = await run_in_threadpool(resolve, services, body.model, principal)
     base_model = adapter.base_model if adapter else body.model
-    if bool(remote_parts(body)) and await run_in_threadpool(reads_images, services, base_model):
-        await run_in_threadpool(inline_images, body, services.settings, principal.tenant_id)
+    remote = remote_parts(body)
+    if bool(remote) and await run_in_threadpool(reads_images, services, base_model):
+        await run_in_threadpool(inline_images, body, remote, services.settings, principal.tenant_id)
     engine = engine_of(request, services)
     try:
         response = await send(engine, adapter, body.forwarded())

@@ -50,10 +50,12 @@ def remote_parts(body: ChatBody) -> list[tuple[dict[str, Any], str]]:
     return found
 
 
-def inline_images(body: ChatBody, settings: Settings, tenant_id: str) -> None:
-    """Fetch the request's http(s) image URLs and put their data: URLs in their place (blocking: run it in a
-    thread); nothing where fetching is off. 400 with the image's code and field for one that fails."""
-    remote = remote_parts(body)
+def inline_images(
+    body: ChatBody, remote: list[tuple[dict[str, Any], str]], settings: Settings, tenant_id: str
+) -> None:
+    """Fetch the request's http(s) image URLs (`remote`: remote_parts(body)) and put their data: URLs in
+    their place (blocking: run it in a thread); nothing where fetching is off. 400 with the image's code and
+    field for one that fails."""
     fetch = ImageFetcher.from_settings(
         settings, tenant_id, max_bytes=min(MAX_IMAGE_BYTES, MAX_JSON_BODY_BYTES)
     )
